@@ -1,0 +1,53 @@
+# Everything a fresh machine needs: `make run` to use the console, `make test` to test it.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: help install run migrate demo test test-fast lint format clean
+
+help:
+	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"
+	@echo "make test   run the whole suite against PostgreSQL and Redis"
+	@echo "make lint   ruff and mypy"
+
+$(PY):
+	@python=$$(scripts/find-python.sh) && echo "Using $$python" && "$$python" -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+demo: migrate
+	$(PY) manage.py seed_demo
+
+run: demo
+	@echo ""
+	@echo "  Console: http://$(HOST):$(PORT)/  (log in with a demo user printed above)"
+	@echo ""
+	PORT=$(PORT) HOST=$(HOST) $(VENV)/bin/honcho -f Procfile.dev start
+
+test: install
+	@scripts/with-services.sh $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,245 @@
+"""One settings module, read from the environment.
+
+With nothing set it runs on the embedded default: SQLite and Celery's file-system broker
+under ``var/``. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = env_str(name)
+    if not raw:
+        return default
+    lowered = raw.lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), not {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int = 1) -> int:
+    raw = env_str(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = env_str(name)
+    if not raw:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+PRODUCTION = env_bool("DJANGO_PRODUCTION")
+DEBUG = env_bool("DJANGO_DEBUG", default=not PRODUCTION)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [] if PRODUCTION else ["localhost", "127.0.0.1"])
+if PRODUCTION:
+    if not SECRET_KEY:
+        raise ImproperlyConfigured("DJANGO_PRODUCTION is set: DJANGO_SECRET_KEY is required")
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured("DJANGO_PRODUCTION is set: DJANGO_ALLOWED_HOSTS is required")
+elif not SECRET_KEY:
+    SECRET_KEY = "insecure-development-key-not-for-production"  # noqa: S105
+
+# Everything the embedded mode writes (SQLite file, broker folders) lives here.
+VAR_DIR = Path(env_str("TASKS_VAR_DIR") or BASE_DIR / "var")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "tasks_app",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(VAR_DIR / "db.sqlite3"),
+            "OPTIONS": {
+                # WAL lets the web process read while a worker writes; IMMEDIATE takes the
+                # write lock at BEGIN, so two writers queue on busy_timeout instead of
+                # failing with "database is locked" half-way through a transaction.
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DATABASES["default"].setdefault("TEST", {})
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if PRODUCTION
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
+}
+
+LOGIN_URL = "admin:login"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"tasks_app": {"level": env_str("TASKS_LOG_LEVEL", "INFO")}},
+}
+
+if PRODUCTION:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", default=True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --- the task system -------------------------------------------------------------------
+
+TASKS_QUEUES = env_list("TASKS_QUEUES", ["default"])
+TASKS_MAINTENANCE_QUEUE = "maintenance"
+if TASKS_MAINTENANCE_QUEUE in TASKS_QUEUES:
+    raise ImproperlyConfigured("TASKS_QUEUES must not name the reserved queue 'maintenance'")
+TASKS_LEASE_SECONDS = env_int("TASKS_LEASE_SECONDS", 30)
+TASKS_SWEEP_SECONDS = env_int("TASKS_SWEEP_SECONDS", 5)
+# A due step whose doorbell may have been lost is re-dispatched at most this often.
+TASKS_REDISPATCH_SECONDS = env_int("TASKS_REDISPATCH_SECONDS", 30)
+PUBLISH_URL = env_str("PUBLISH_URL", "http://127.0.0.1:8000/fake/publish/")
+MAIL_URL = env_str("MAIL_URL", "http://127.0.0.1:8000/fake/mail/")
+
+# --- Celery (read by config/celery.py with namespace CELERY) ----------------------------
+
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        # Longer than any lease: Redis re-delivers an unacknowledged message after this.
+        "visibility_timeout": 3600,
+        "socket_connect_timeout": 2,
+        "socket_timeout": 5,
+        "max_retries": 1,
+    }
+    if env_str("TASKS_BROKER_PREFIX"):
+        CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = env_str("TASKS_BROKER_PREFIX")
+else:
+    _broker_dir = VAR_DIR / "broker"
+    for _folder in ("queue", "control"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "control_folder": str(_broker_dir / "control"),
+        "store_processed": False,
+    }
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TIMEZONE = "UTC"
+# A worker started without -Q consumes every queue here, the maintenance queue included.
+CELERY_TASK_QUEUES = [Queue(name) for name in [*TASKS_QUEUES, TASKS_MAINTENANCE_QUEUE]]
+CELERY_TASK_DEFAULT_QUEUE = TASKS_QUEUES[0]
+CELERY_TASK_ROUTES = {"tasks_app.tasks.sweep": {"queue": TASKS_MAINTENANCE_QUEUE}}
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {
+        "task": "tasks_app.tasks.sweep",
+        "schedule": float(TASKS_SWEEP_SECONDS),
+        # A sweep nobody ran in time is replaced by the next one, not queued behind it.
+        "options": {"queue": TASKS_MAINTENANCE_QUEUE, "expires": float(TASKS_SWEEP_SECONDS)},
+    }
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")

@@ -1,0 +1,80 @@
+"""The errors callers and handlers see."""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+
+
+class InvalidInput(ValueError):
+    """Bad input, refused before anything is written. Names the field and the rule."""
+
+    def __init__(self, field: str, rule: str, message: str | None = None) -> None:
+        self.field = field
+        self.rule = rule
+        super().__init__(message or f"{field}: {rule}")
+
+
+class InvalidPayload(InvalidInput):
+    pass
+
+
+class UnknownWorkflow(InvalidInput):
+    pass
+
+
+class IdempotencyConflict(Exception):
+    """The key is taken by a task with a different workflow or payload."""
+
+    def __init__(self, idempotency_key: str, task_id: int) -> None:
+        self.idempotency_key = idempotency_key
+        self.task_id = task_id
+        super().__init__(
+            f"idempotency key {idempotency_key!r} is taken by task #{task_id} "
+            "with a different workflow or payload"
+        )
+
+
+class InvalidTransition(Exception):
+    """The action does not apply to the current state."""
+
+
+class AlreadyDecided(InvalidTransition):
+    def __init__(self, message: str, *, decided_by: str = "", status: str = "") -> None:
+        self.decided_by = decided_by
+        self.status = status
+        super().__init__(message)
+
+
+class StaleApproval(InvalidTransition):
+    pass
+
+
+class ApprovalExpired(InvalidTransition):
+    pass
+
+
+class NotPermitted(PermissionDenied):
+    pass
+
+
+# --- raised by handlers -----------------------------------------------------------------
+
+
+class HandlerError(Exception):
+    """Base of the errors a step handler raises to say how its failure should be treated."""
+
+
+class RetryableError(HandlerError):
+    """Try again after a backoff, while attempts remain."""
+
+
+class PermanentError(HandlerError):
+    """Retrying cannot help: dead-letter now."""
+
+
+class OutcomeUnknown(HandlerError):
+    """An external write may or may not have happened; a person must decide."""
+
+
+class EffectNotApplied(RetryableError):
+    """The remote definitely did not apply the write (refused before acting)."""

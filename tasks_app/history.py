@@ -1,0 +1,69 @@
+"""Replaying a task's events.
+
+Every event that changes steps carries their new ``[status, attempts, fencing_token]`` in
+``data["steps"]``. Folding them in order must give the state stored on the rows; a
+transition written without its event shows up as a difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .models import StepStatus, TaskStatus
+
+if TYPE_CHECKING:
+    from .models import Task
+
+
+def derive_task_status(step_statuses: Iterable[str]) -> TaskStatus:
+    """A task's status from its steps (superseded rows are history and ignored)."""
+    current = [status for status in step_statuses if status != StepStatus.SUPERSEDED]
+    if StepStatus.RUNNING in current:
+        return TaskStatus.RUNNING
+    if StepStatus.DEAD in current:
+        return TaskStatus.DEAD
+    if StepStatus.WAITING_APPROVAL in current:
+        return TaskStatus.WAITING_APPROVAL
+    if StepStatus.CANCELLED in current:
+        return TaskStatus.CANCELLED
+    if current and all(status == StepStatus.SUCCEEDED for status in current):
+        return TaskStatus.SUCCEEDED
+    return TaskStatus.PENDING
+
+
+@dataclass(frozen=True)
+class StepState:
+    status: str
+    attempts: int
+    fencing_token: int
+
+
+@dataclass(frozen=True)
+class TaskState:
+    status: str
+    steps: dict[int, StepState] = field(default_factory=dict)
+
+    @classmethod
+    def from_db(cls, task: Task) -> TaskState:
+        task.refresh_from_db(fields=["status"])
+        steps = {
+            pk: StepState(status, attempts, token)
+            for pk, status, attempts, token in task.steps.values_list(
+                "pk", "status", "attempts", "fencing_token"
+            )
+        }
+        return cls(status=task.status, steps=steps)
+
+
+def fold(task: Task) -> TaskState:
+    """The state a task's event history says it is in."""
+    from .models import Event
+
+    steps: dict[int, StepState] = {}
+    for data in Event.objects.for_task(task.pk).values_list("data", flat=True):
+        for step_id, (status, attempts, token) in (data.get("steps") or {}).items():
+            steps[int(step_id)] = StepState(status, attempts, token)
+    status = derive_task_status(state.status for state in steps.values())
+    return TaskState(status=status, steps=steps)

@@ -1,0 +1,339 @@
+"""Tasks, their steps, every lease and an append-only event history.
+
+The database is the source of truth: nothing but ``tasks_app.services`` writes a status
+field, and every transition is written beside its :class:`Event` in one transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    BLOCKED = "blocked"
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+
+
+TERMINAL_TASK_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.CANCELLED})
+ACTIVE_TASK_STATUSES = frozenset(
+    {TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING_APPROVAL, TaskStatus.DEAD}
+)
+# A step in one of these states will never run again.
+FINAL_STEP_STATUSES = frozenset({StepStatus.SUCCEEDED, StepStatus.CANCELLED, StepStatus.SUPERSEDED})
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    def active(self) -> TaskQuerySet:
+        return self.filter(status__in=ACTIVE_TASK_STATUSES)
+
+    def dead(self) -> TaskQuerySet:
+        return self.filter(status=TaskStatus.DEAD)
+
+
+class Task(models.Model):
+    workflow = models.CharField(max_length=100)
+    workflow_version = models.PositiveIntegerField()
+    payload = models.JSONField()
+    # SHA-256 of workflow name + canonical payload at enqueue: the task's identity. It does
+    # not change when a redrive edits the payload (the ``redriven`` event keeps both).
+    payload_hash = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.PENDING)
+    created_by = models.CharField(max_length=150, blank=True)
+    created_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by ``cancel`` while a step is still running; the heartbeat tells the handler.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[TaskQuerySet] = TaskQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        ordering = ["-id"]
+        permissions = [
+            ("redrive_task", "Can redrive a dead task"),
+            ("resolve_task", "Can resolve a dead task by hand"),
+            ("cancel_task", "Can cancel a task"),
+            ("pause_queue", "Can pause and resume a queue"),
+            ("view_audit_log", "Can read the audit log"),
+            ("export_audit_log", "Can export the audit log"),
+        ]
+        indexes = [
+            # Overview counts and lists of active work per state; finished history
+            # (succeeded, cancelled) stays out of the index as it grows.
+            models.Index(
+                fields=["status", "created_at"],
+                name="task_active_status_idx",
+                condition=Q(status__in=["pending", "running", "waiting_approval", "dead"]),
+            ),
+            # Task list filtered by workflow, newest first.
+            models.Index(fields=["workflow", "-id"], name="task_workflow_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="task_priority_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=TaskStatus.values), name="task_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.workflow} ({self.status})"
+
+    @property
+    def key(self) -> str:
+        """The business key steps derive their idempotency keys from."""
+        return self.idempotency_key or f"task-{self.pk}"
+
+
+class Step(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveSmallIntegerField()
+    revision = models.PositiveSmallIntegerField(default=0)
+    kind = models.CharField(max_length=100)
+    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.BLOCKED)
+    # Copied from the task so the claim query reads one table.
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    # Claims since the last redrive; the budget counts from there.
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    available_at = models.DateTimeField(null=True, blank=True)
+    # ``<task key>:<position>:<kind>`` (+ ``:r<n>`` for a revision); stable across retries.
+    idempotency_key = models.CharField(max_length=400)
+    # Counts every claim and never resets, not even on redrive: the fence.
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # When a doorbell was last sent for this step; throttles the sweeper's re-dispatch.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    error_class = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["task_id", "revision", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "position", "revision"], name="step_task_position_revision"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=StepStatus.values), name="step_status_valid"
+            ),
+        ]
+        indexes = [
+            # The claim: due pending steps per queue, highest priority first, oldest first.
+            models.Index(
+                fields=["queue", "-priority", "available_at"],
+                name="step_due_idx",
+                condition=Q(status="pending"),
+            ),
+            # The reaper: running steps whose lease ran out.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="step_lease_idx",
+                condition=Q(status="running"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.pk} {self.kind} ({self.status})"
+
+
+class Lease(models.Model):
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        EXPIRED = "expired"
+        CANCELLED = "cancelled"
+
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="leases")
+    token = models.PositiveBigIntegerField()
+    worker_id = models.CharField(max_length=200)
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=20, choices=Outcome.choices, blank=True)
+
+    class Meta:
+        ordering = ["step_id", "token"]
+        constraints = [
+            models.UniqueConstraint(fields=["step", "token"], name="lease_step_token"),
+        ]
+        indexes = [
+            # Live leases (the dashboard's "running now" and the heartbeat's renewal).
+            models.Index(
+                fields=["expires_at"], name="lease_live_idx", condition=Q(released_at=None)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.token} of step {self.step_id} by {self.worker_id}"
+
+
+class EventKind(models.TextChoices):
+    ENQUEUED = "enqueued"
+    CLAIMED = "claimed"
+    SUCCEEDED = "succeeded"
+    RETRY_SCHEDULED = "retry_scheduled"
+    LEASE_EXPIRED = "lease_expired"
+    STALE_WRITE_REJECTED = "stale_write_rejected"
+    DEAD_LETTERED = "dead_lettered"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    CHANGES_REQUESTED = "changes_requested"
+    APPROVAL_EXPIRED = "approval_expired"
+    REDRIVEN = "redriven"
+    RESOLVED = "resolved"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLED = "cancelled"
+    QUEUE_PAUSED = "queue_paused"
+    QUEUE_RESUMED = "queue_resumed"
+
+
+# Operator actions: kept for the longer audit retention.
+OPERATOR_EVENT_KINDS = frozenset(
+    {
+        EventKind.APPROVED,
+        EventKind.REJECTED,
+        EventKind.CHANGES_REQUESTED,
+        EventKind.REDRIVEN,
+        EventKind.RESOLVED,
+        EventKind.CANCEL_REQUESTED,
+        EventKind.CANCELLED,
+        EventKind.QUEUE_PAUSED,
+        EventKind.QUEUE_RESUMED,
+    }
+)
+
+
+class AppendOnlyError(Exception):
+    """Events are history: they are never updated, and deleted only by retention."""
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnlyError("events are append-only: UPDATE is refused")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("events are append-only: DELETE belongs to retention")
+
+    def for_task(self, task_id: int) -> EventQuerySet:
+        return self.filter(task_id=task_id).order_by("id")
+
+
+class Event(models.Model):
+    """One transition, written in the transaction that made it.
+
+    ``task_id``, ``step_id`` and ``actor_user_id`` are plain columns, not foreign keys, so
+    an event never needs an UPDATE when those rows are pruned or deleted.
+    ``data["steps"]`` holds the new ``[status, attempts, fencing_token]`` of every step the
+    transition changed; :func:`tasks_app.history.fold` replays them.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    task_id = models.BigIntegerField(null=True, blank=True)
+    step_id = models.BigIntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=40, choices=EventKind.choices)
+    actor = models.CharField(max_length=150)
+    actor_user_id = models.IntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects: ClassVar[EventQuerySet] = EventQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # A task's timeline, in order.
+            models.Index(fields=["task_id", "id"], name="event_task_idx"),
+            # The audit log: operator actions by time and by actor.
+            models.Index(fields=["created_at"], name="event_created_idx"),
+            models.Index(fields=["actor", "created_at"], name="event_actor_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} task={self.task_id} step={self.step_id} by {self.actor}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AppendOnlyError("events are append-only: UPDATE is refused")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("events are append-only: DELETE belongs to retention")
+
+
+class Effect(models.Model):
+    """The side-effects ledger: one row per external write, keyed by step key + name."""
+
+    class Status(models.TextChoices):
+        STARTED = "started"
+        DONE = "done"
+
+    key = models.CharField(max_length=500, unique=True)
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="effects")
+    # The claim that started the call.
+    token = models.PositiveBigIntegerField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.STARTED)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"effect {self.key} ({self.status})"
+
+
+class QueueState(models.Model):
+    """A queue's switch; a row exists once a queue was paused."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    paused = models.BooleanField(default=False)
+    changed_by = models.CharField(max_length=150, blank=True)
+    reason = models.TextField(blank=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'paused' if self.paused else 'running'})"
+
+
+class Counter(models.Model):
+    """Small monotonic counters for metrics (duplicate enqueues, idempotency conflicts)."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    value = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"

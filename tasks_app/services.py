@@ -1,0 +1,930 @@
+"""Every state change of the task system.
+
+Each function changes state in one transaction and writes the Event of each transition
+beside it. Lock order is always task row, then step rows, so a cancel racing a claim or
+a completion waits instead of deadlocking. Worker writes (complete, fail, heartbeat) carry
+the fencing token of their claim; a stale token changes nothing and is recorded as
+``stale_write_rejected``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from . import validation
+from .dispatch import Doorbell, ring_on_commit
+from .exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
+from .history import derive_task_status
+from .models import (
+    TERMINAL_TASK_STATUSES,
+    Counter,
+    Effect,
+    Event,
+    EventKind,
+    Lease,
+    QueueState,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
+from .workflows import Workflow, registry
+
+logger = logging.getLogger(__name__)
+
+Actor = Any  # a user, or a string such as "cli:alice" / "system:sweeper", or None
+
+SYSTEM = "system"
+SWEEPER = "system:sweeper"
+
+
+# --- small helpers -----------------------------------------------------------------------
+
+
+def db_now() -> datetime:
+    """The database's clock on PostgreSQL (rule 3); the process clock on SQLite."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT STATEMENT_TIMESTAMP()")
+            value: datetime = cursor.fetchone()[0]
+            return value
+    return timezone.now()
+
+
+def _now_plus(seconds: float) -> ExpressionWrapper:
+    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
+
+
+def _actor_fields(actor: Actor) -> tuple[str, int | None]:
+    if actor is None:
+        return SYSTEM, None
+    if isinstance(actor, str):
+        return actor.strip() or SYSTEM, None
+    return actor.get_username(), actor.pk
+
+
+def _check_permission(actor: Actor, permission: str) -> None:
+    """Users need the permission; string actors are trusted callers (commands, sweeper)."""
+    if actor is None or isinstance(actor, str):
+        return
+    if not actor.is_authenticated or not actor.has_perm(f"tasks_app.{permission}"):
+        raise NotPermitted(f"{permission} is required")
+
+
+def _state(step: Step) -> list[Any]:
+    return [step.status, step.attempts, step.fencing_token]
+
+
+def _event(
+    kind: str,
+    *,
+    task_id: int | None,
+    step_id: int | None = None,
+    actor: Actor = None,
+    reason: str = "",
+    steps: Iterable[Step] = (),
+    **data: Any,
+) -> Event:
+    name, user_id = _actor_fields(actor)
+    changes = {str(step.pk): _state(step) for step in steps}
+    if changes:
+        data["steps"] = changes
+    return Event.objects.create(
+        task_id=task_id,
+        step_id=step_id,
+        kind=kind,
+        actor=name,
+        actor_user_id=user_id,
+        reason=reason,
+        data=data,
+    )
+
+
+def bump_counter(name: str, by: int = 1) -> None:
+    """Add to a metrics counter in its own transaction."""
+    if by <= 0:
+        return
+    with transaction.atomic():
+        if Counter.objects.filter(name=name).update(value=F("value") + by):
+            return
+        try:
+            with transaction.atomic():
+                Counter.objects.create(name=name, value=by)
+        except IntegrityError:
+            Counter.objects.filter(name=name).update(value=F("value") + by)
+
+
+def _current_steps(task: Task) -> list[Step]:
+    return list(task.steps.exclude(status=StepStatus.SUPERSEDED).order_by("position", "revision"))
+
+
+def _settle_task(task: Task, steps: Sequence[Step] | None = None) -> str:
+    """Store the task status derived from its (non-superseded) steps."""
+    current = _current_steps(task) if steps is None else steps
+    status = derive_task_status(step.status for step in current)
+    finished = timezone.now() if status in TERMINAL_TASK_STATUSES | {TaskStatus.DEAD} else None
+    if status != task.status or (finished is None and task.finished_at is not None):
+        task.status = status
+        task.finished_at = finished
+        task.save(update_fields=["status", "finished_at", "updated_at"])
+    return status
+
+
+def _lock_task(task_id: int) -> Task:
+    return Task.objects.select_for_update().get(pk=task_id)
+
+
+# --- enqueue -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    task: Task
+    created: bool
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    workflow: Workflow
+    payload: dict[str, Any]
+    payload_hash: str
+    idempotency_key: str | None
+    queue: str
+    priority: int
+    run_after: datetime | None
+
+
+_ENQUEUE_FIELDS = frozenset(
+    {"workflow", "payload", "idempotency_key", "queue", "priority", "run_after"}
+)
+
+
+def _prepare(
+    *,
+    workflow: Any,
+    payload: Any,
+    idempotency_key: Any = None,
+    queue: Any = "default",
+    priority: Any = 0,
+    run_after: Any = None,
+    prefix: str = "",
+) -> _Prepared:
+    def named(exc: InvalidInput) -> InvalidInput:
+        if prefix:
+            exc.field = prefix + exc.field
+            exc.args = (prefix + str(exc),)
+        return exc
+
+    try:
+        if not isinstance(workflow, str):
+            raise InvalidInput("workflow", "registered", "workflow: must be a workflow name")
+        flow = registry.latest(workflow)
+        canonical = validation.validate_payload(payload)
+        if flow.validate_payload is not None:
+            flow.validate_payload(payload)
+        return _Prepared(
+            workflow=flow,
+            # The stored payload is exactly what the canonical form says.
+            payload=json.loads(canonical),
+            payload_hash=validation.payload_hash(flow.name, canonical),
+            idempotency_key=validation.validate_idempotency_key(idempotency_key),
+            queue=validation.validate_queue(queue),
+            priority=validation.validate_priority(priority),
+            run_after=validation.validate_run_after(run_after),
+        )
+    except InvalidInput as exc:
+        raise named(exc) from None
+
+
+def enqueue(
+    workflow: str,
+    payload: dict[str, Any],
+    *,
+    idempotency_key: str | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    run_after: datetime | None = None,
+    actor: Actor = None,
+) -> EnqueueResult:
+    """Create a task, or return the one its idempotency key already names."""
+    item = _prepare(
+        workflow=workflow,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        queue=queue,
+        priority=priority,
+        run_after=run_after,
+    )
+    return _enqueue_prepared([item], actor)[0]
+
+
+def enqueue_many(items: Sequence[dict[str, Any]], *, actor: Actor = None) -> list[EnqueueResult]:
+    """Enqueue several tasks, all or nothing; results in input order."""
+    prepared = []
+    for index, item in enumerate(items):
+        prefix = f"items[{index}]."
+        if not isinstance(item, dict):
+            raise InvalidInput(f"items[{index}]", "object", f"items[{index}]: must be a dict")
+        unknown = set(item) - _ENQUEUE_FIELDS
+        if unknown:
+            raise InvalidInput(
+                prefix + sorted(unknown)[0], "known_field", f"{prefix}{sorted(unknown)[0]}: unknown"
+            )
+        for required in ("workflow", "payload"):
+            if required not in item:
+                raise InvalidInput(prefix + required, "required", f"{prefix}{required}: required")
+        prepared.append(_prepare(prefix=prefix, **item))
+    return _enqueue_prepared(prepared, actor)
+
+
+def _enqueue_prepared(items: list[_Prepared], actor: Actor) -> list[EnqueueResult]:
+    # A concurrent enqueue of the same key makes our insert fail on the unique constraint;
+    # the savepoint is rolled back and the next round finds the committed task.
+    for round_ in range(3):
+        try:
+            with transaction.atomic():
+                results, duplicates = _insert(items, actor)
+            break
+        except IdempotencyConflict:
+            # Counted once the enqueue's transaction is gone: the only write it makes.
+            bump_counter("idempotency_conflict")
+            raise
+        except IntegrityError:
+            if round_ == 2:
+                raise
+    bump_counter("enqueue_duplicate", duplicates)
+    return results
+
+
+def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], int]:
+    author, user_id = _actor_fields(actor)
+    keys = [item.idempotency_key for item in items if item.idempotency_key]
+    existing = {t.idempotency_key: t for t in Task.objects.filter(idempotency_key__in=keys)}
+    results: list[EnqueueResult | None] = []
+    fresh: list[tuple[int, _Prepared]] = []
+    claimed_in_batch: dict[str, _Prepared] = {}
+    duplicates = 0
+    for index, item in enumerate(items):
+        key = item.idempotency_key
+        known = existing.get(key) if key else None
+        if known is not None:
+            if known.workflow != item.workflow.name or known.payload_hash != item.payload_hash:
+                _conflict(key or "", known.pk)
+            results.append(EnqueueResult(known, created=False))
+            duplicates += 1
+            continue
+        if key and key in claimed_in_batch:
+            earlier = claimed_in_batch[key]
+            if (earlier.workflow.name, earlier.payload_hash) != (
+                item.workflow.name,
+                item.payload_hash,
+            ):
+                _conflict(key, 0)
+            results.append(None)  # filled in with the first item's task below
+            duplicates += 1
+            fresh.append((index, item))
+            continue
+        if key:
+            claimed_in_batch[key] = item
+        results.append(None)
+        fresh.append((index, item))
+
+    now = db_now()
+    new_tasks: dict[str, Task] = {}
+    to_create: list[tuple[int, _Prepared, Task]] = []
+    for index, item in fresh:
+        if item.idempotency_key and item.idempotency_key in new_tasks:
+            results[index] = EnqueueResult(new_tasks[item.idempotency_key], created=False)
+            continue
+        task = Task(
+            workflow=item.workflow.name,
+            workflow_version=item.workflow.version,
+            payload=item.payload,
+            payload_hash=item.payload_hash,
+            idempotency_key=item.idempotency_key,
+            queue=item.queue,
+            priority=item.priority,
+            status=TaskStatus.PENDING,
+            created_by=author,
+            created_by_user_id=user_id,
+        )
+        to_create.append((index, item, task))
+        if item.idempotency_key:
+            new_tasks[item.idempotency_key] = task
+    Task.objects.bulk_create([task for _, _, task in to_create])
+
+    steps: list[Step] = []
+    for _, item, task in to_create:
+        for position, spec in enumerate(item.workflow.steps):
+            first = position == 0
+            steps.append(
+                Step(
+                    task=task,
+                    position=position,
+                    revision=0,
+                    kind=spec.kind,
+                    status=StepStatus.PENDING if first else StepStatus.BLOCKED,
+                    queue=task.queue,
+                    priority=task.priority,
+                    max_attempts=spec.max_attempts,
+                    available_at=(item.run_after or now) if first else None,
+                    dispatched_at=(item.run_after or now) if first else None,
+                    idempotency_key=f"{task.key}:{position}:{spec.kind}",
+                )
+            )
+    Step.objects.bulk_create(steps)
+
+    by_task: dict[int, list[Step]] = {}
+    for step in steps:
+        by_task.setdefault(step.task_id, []).append(step)
+    name, user = _actor_fields(actor)
+    Event.objects.bulk_create(
+        [
+            Event(
+                task_id=task.pk,
+                kind=EventKind.ENQUEUED,
+                actor=name,
+                actor_user_id=user,
+                data={
+                    "workflow": task.workflow,
+                    "version": task.workflow_version,
+                    "queue": task.queue,
+                    "payload_hash": task.payload_hash,
+                    "steps": {str(s.pk): _state(s) for s in by_task[task.pk]},
+                },
+            )
+            for _, _, task in to_create
+        ]
+    )
+    for index, _, task in to_create:
+        results[index] = EnqueueResult(task, created=True)
+    ring_on_commit(
+        [
+            Doorbell(s.pk, s.queue, max((s.available_at - now).total_seconds(), 0.0))
+            for s in steps
+            if s.status == StepStatus.PENDING and s.available_at is not None
+        ]
+    )
+    final = [result for result in results if result is not None]
+    assert len(final) == len(items)
+    return final, duplicates
+
+
+def _conflict(key: str, task_id: int) -> None:
+    raise IdempotencyConflict(key, task_id)
+
+
+def get_task(*, idempotency_key: str) -> Task | None:
+    return Task.objects.filter(idempotency_key=idempotency_key).first()
+
+
+# --- the worker's side: claim, heartbeat, complete, fail -------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    step_id: int
+    task_id: int
+    token: int
+    attempt: int
+    worker_id: str
+    lease_seconds: int
+
+
+def _paused_queues() -> Q:
+    return Q(queue__in=QueueState.objects.filter(paused=True).values("name"))
+
+
+def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None) -> Claim | None:
+    """Claim one step if it is pending, due by the database's clock, and its queue runs.
+
+    Returns ``None`` when there is nothing to claim: the step ran already, is not due,
+    was cancelled, or its queue is paused. That is how a duplicate or late doorbell
+    does nothing.
+    """
+    lease = lease_seconds or settings.TASKS_LEASE_SECONDS
+    task_id = Step.objects.filter(pk=step_id).values_list("task_id", flat=True).first()
+    if task_id is None:
+        return None
+    with transaction.atomic():
+        task = _lock_task(task_id)
+        step = (
+            Step.objects.select_for_update()
+            .filter(pk=step_id, status=StepStatus.PENDING, available_at__lte=Now())
+            .exclude(_paused_queues())
+            .first()
+        )
+        if step is None:
+            return None
+        step.status = StepStatus.RUNNING
+        step.attempts += 1
+        step.fencing_token += 1
+        Step.objects.filter(pk=step.pk).update(
+            status=step.status,
+            attempts=step.attempts,
+            fencing_token=step.fencing_token,
+            lease_expires_at=_now_plus(lease),
+            started_at=Now(),
+        )
+        Lease.objects.create(
+            step=step,
+            token=step.fencing_token,
+            worker_id=worker_id,
+            acquired_at=Now(),
+            expires_at=_now_plus(lease),
+        )
+        if task.status != TaskStatus.RUNNING:
+            task.status = TaskStatus.RUNNING
+            task.save(update_fields=["status", "updated_at"])
+        _event(
+            EventKind.CLAIMED,
+            task_id=task.pk,
+            step_id=step.pk,
+            actor=f"worker:{worker_id}",
+            steps=[step],
+            token=step.fencing_token,
+            attempt=step.attempts,
+            lease_seconds=lease,
+        )
+    return Claim(
+        step_id=step.pk,
+        task_id=task.pk,
+        token=step.fencing_token,
+        attempt=step.attempts,
+        worker_id=worker_id,
+        lease_seconds=lease,
+    )
+
+
+def _held_step(claim: Claim) -> Step | None:
+    """The claimed step, locked, if this claim still holds it."""
+    return (
+        Step.objects.select_for_update()
+        .filter(pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token)
+        .first()
+    )
+
+
+def _reject_stale(claim: Claim, operation: str) -> None:
+    current = Step.objects.filter(pk=claim.step_id).values("status", "fencing_token").first()
+    with transaction.atomic():
+        _event(
+            EventKind.STALE_WRITE_REJECTED,
+            task_id=claim.task_id,
+            step_id=claim.step_id,
+            actor=f"worker:{claim.worker_id}",
+            operation=operation,
+            token=claim.token,
+            current_token=current["fencing_token"] if current else None,
+            current_status=current["status"] if current else None,
+        )
+    logger.warning("stale %s refused for step %s token %s", operation, claim.step_id, claim.token)
+
+
+def _release(step: Step, token: int, outcome: str) -> None:
+    Lease.objects.filter(step=step, token=token, released_at=None).update(
+        released_at=Now(), outcome=outcome
+    )
+
+
+def _unblock_next(task: Task, after: Step, now: datetime) -> list[Step]:
+    """Make the next step of the task due, once ``after`` succeeded."""
+    following = (
+        task.steps.filter(status=StepStatus.BLOCKED, position__gt=after.position)
+        .order_by("position", "-revision")
+        .first()
+    )
+    if following is None:
+        return []
+    following.status = StepStatus.PENDING
+    following.available_at = now
+    following.dispatched_at = now
+    following.save(update_fields=["status", "available_at", "dispatched_at"])
+    return [following]
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    alive: bool
+    cancel_requested: bool
+
+
+def heartbeat(claim: Claim, *, lease_seconds: int | None = None) -> HeartbeatResult:
+    """Extend the lease of a running step; tell the worker whether to stop."""
+    lease = lease_seconds or claim.lease_seconds
+    with transaction.atomic():
+        renewed = Step.objects.filter(
+            pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token
+        ).update(lease_expires_at=_now_plus(lease))
+        if renewed:
+            Lease.objects.filter(step_id=claim.step_id, token=claim.token).update(
+                expires_at=_now_plus(lease)
+            )
+            cancel = Task.objects.filter(
+                pk=claim.task_id, cancel_requested_at__isnull=False
+            ).exists()
+            return HeartbeatResult(alive=True, cancel_requested=cancel)
+    _reject_stale(claim, "heartbeat")
+    return HeartbeatResult(alive=False, cancel_requested=False)
+
+
+def complete_step(claim: Claim, result: Any) -> bool:
+    """Record a step's result and make the next step due. False if the claim is stale."""
+    with transaction.atomic():
+        task = _lock_task(claim.task_id)
+        step = _held_step(claim)
+        if step is not None:
+            now = db_now()
+            step.status = StepStatus.SUCCEEDED
+            step.result = result
+            step.finished_at = now
+            step.lease_expires_at = None
+            step.save(update_fields=["status", "result", "finished_at", "lease_expires_at"])
+            _release(step, claim.token, Lease.Outcome.SUCCEEDED)
+            changed = [step]
+            if task.cancel_requested_at is None:
+                changed += _unblock_next(task, step, now)
+            status = _settle_task(task)
+            _event(
+                EventKind.SUCCEEDED,
+                task_id=task.pk,
+                step_id=step.pk,
+                actor=f"worker:{claim.worker_id}",
+                steps=changed,
+                token=claim.token,
+                task_status=status,
+            )
+            if status == TaskStatus.CANCELLED:
+                _event(
+                    EventKind.CANCELLED,
+                    task_id=task.pk,
+                    actor=SYSTEM,
+                    reason="cancel requested while the step ran",
+                )
+            ring_on_commit([Doorbell(s.pk, s.queue) for s in changed[1:]])
+            return True
+    _reject_stale(claim, "complete")
+    return False
+
+
+def fail_step(
+    claim: Claim,
+    *,
+    error_class: str,
+    message: str,
+    retry_in: float | None,
+    reason: str,
+) -> bool:
+    """Record a failed attempt: retry after ``retry_in`` seconds while attempts remain,
+    else dead-letter with ``reason``. ``retry_in=None`` dead-letters at once.
+    """
+    with transaction.atomic():
+        task = _lock_task(claim.task_id)
+        step = _held_step(claim)
+        if step is not None:
+            step.last_error = message[:10_000]
+            step.error_class = error_class[:200]
+            step.lease_expires_at = None
+            _release(step, claim.token, Lease.Outcome.FAILED)
+            bells: list[Doorbell] = []
+            if task.cancel_requested_at is not None:
+                kind, step.status = EventKind.CANCELLED, StepStatus.CANCELLED
+                step.finished_at = db_now()
+            elif retry_in is not None and step.attempts < step.max_attempts:
+                kind, step.status = EventKind.RETRY_SCHEDULED, StepStatus.PENDING
+                available_at = db_now() + timedelta(seconds=retry_in)
+                step.available_at = step.dispatched_at = available_at
+                bells.append(Doorbell(step.pk, step.queue, retry_in))
+            else:
+                kind, step.status = EventKind.DEAD_LETTERED, StepStatus.DEAD
+                step.finished_at = db_now()
+                if retry_in is not None:
+                    reason = "max_attempts"
+            step.save()
+            status = _settle_task(task)
+            _event(
+                kind,
+                task_id=task.pk,
+                step_id=step.pk,
+                actor=f"worker:{claim.worker_id}",
+                reason=reason if kind == EventKind.DEAD_LETTERED else "",
+                steps=[step],
+                token=claim.token,
+                error_class=step.error_class,
+                error=step.last_error[:2000],
+                retry_in=retry_in if kind == EventKind.RETRY_SCHEDULED else None,
+                task_status=status,
+            )
+            ring_on_commit(bells)
+            return True
+    _reject_stale(claim, "fail")
+    return False
+
+
+# --- the sweeper -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    reaped: int
+    redispatched: int
+
+
+def sweep(*, limit: int = 500) -> SweepReport:
+    return SweepReport(
+        reaped=reap_expired_leases(limit=limit), redispatched=redispatch_due(limit=limit)
+    )
+
+
+def reap_expired_leases(*, limit: int = 500) -> int:
+    """Return steps whose lease ran out (by the database's clock) to pending, or dead-letter
+    them when their attempts are spent."""
+    expired = list(
+        Step.objects.filter(status=StepStatus.RUNNING, lease_expires_at__lt=Now())
+        .order_by("lease_expires_at")
+        .values_list("pk", "task_id", "fencing_token")[:limit]
+    )
+    reaped = 0
+    for step_id, task_id, token in expired:
+        with transaction.atomic():
+            task = _lock_task(task_id)
+            # Re-checked under the lock: the worker may have finished or renewed meanwhile.
+            step = (
+                Step.objects.select_for_update()
+                .filter(
+                    pk=step_id,
+                    status=StepStatus.RUNNING,
+                    fencing_token=token,
+                    lease_expires_at__lt=Now(),
+                )
+                .first()
+            )
+            if step is None:
+                continue
+            _release(step, token, Lease.Outcome.EXPIRED)
+            step.lease_expires_at = None
+            now = db_now()
+            if task.cancel_requested_at is not None:
+                step.status, outcome = StepStatus.CANCELLED, "cancelled"
+                step.finished_at = now
+            elif step.attempts >= step.max_attempts:
+                step.status, outcome = StepStatus.DEAD, "dead"
+                step.finished_at = now
+                step.error_class = "lease_expired"
+                step.last_error = f"lease of token {token} expired on attempt {step.attempts}"
+            else:
+                step.status, outcome = StepStatus.PENDING, "pending"
+                step.available_at = step.dispatched_at = now
+            step.save()
+            status = _settle_task(task)
+            _event(
+                EventKind.LEASE_EXPIRED,
+                task_id=task_id,
+                step_id=step_id,
+                actor=SWEEPER,
+                steps=[step],
+                token=token,
+                outcome=outcome,
+                task_status=status,
+            )
+            if step.status == StepStatus.DEAD:
+                _event(
+                    EventKind.DEAD_LETTERED,
+                    task_id=task_id,
+                    step_id=step_id,
+                    actor=SWEEPER,
+                    reason="lease_expired",
+                    steps=[step],
+                    task_status=status,
+                )
+            if step.status == StepStatus.PENDING:
+                ring_on_commit([Doorbell(step.pk, step.queue)])
+            reaped += 1
+    return reaped
+
+
+def redispatch_due(*, limit: int = 500) -> int:
+    """Ring again for due steps whose doorbell may have been lost.
+
+    A step is rung at most once per ``TASKS_REDISPATCH_SECONDS`` (``dispatched_at``), and
+    at most ``limit`` per sweep, so a broker outage does not turn into a flood.
+    """
+    interval = timedelta(seconds=settings.TASKS_REDISPATCH_SECONDS)
+    with transaction.atomic():
+        now = db_now()
+        due = list(
+            Step.objects.filter(status=StepStatus.PENDING, available_at__lte=now)
+            .filter(Q(dispatched_at=None) | Q(dispatched_at__lte=now - interval))
+            .exclude(_paused_queues())
+            .order_by("-priority", "available_at")
+            .values_list("pk", "queue")[:limit]
+        )
+        if not due:
+            return 0
+        Step.objects.filter(pk__in=[pk for pk, _ in due]).update(dispatched_at=now)
+        ring_on_commit([Doorbell(pk, queue) for pk, queue in due])
+    return len(due)
+
+
+# --- operator actions --------------------------------------------------------------------
+
+
+def _dead_steps(task: Task) -> list[Step]:
+    return list(task.steps.select_for_update().filter(status=StepStatus.DEAD).order_by("position"))
+
+
+def redrive(
+    task: Task, *, actor: Actor, reason: str, payload: dict[str, Any] | None = None
+) -> Task:
+    """Make a dead task runnable again: fresh attempt budget, same step key, rising token."""
+    _check_permission(actor, "redrive_task")
+    reason = validation.require_text(reason, "reason")
+    canonical = validation.validate_payload(payload) if payload is not None else None
+    with transaction.atomic():
+        locked = _lock_task(task.pk)
+        dead = _dead_steps(locked)
+        if not dead:
+            raise InvalidTransition(f"task #{task.pk} has no dead step to redrive")
+        now = db_now()
+        for step in dead:
+            step.status = StepStatus.PENDING
+            step.attempts = 0
+            step.available_at = step.dispatched_at = now
+            step.finished_at = None
+            step.save(
+                update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"]
+            )
+        data: dict[str, Any] = {}
+        if canonical is not None:
+            data = {"old_payload": locked.payload, "new_payload": json.loads(canonical)}
+            locked.payload = data["new_payload"]
+            locked.save(update_fields=["payload", "updated_at"])
+        status = _settle_task(locked)
+        _event(
+            EventKind.REDRIVEN,
+            task_id=locked.pk,
+            actor=actor,
+            reason=reason,
+            steps=dead,
+            task_status=status,
+            **data,
+        )
+        ring_on_commit([Doorbell(step.pk, step.queue) for step in dead])
+    return locked
+
+
+def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
+    """A person settles a dead step: ``done`` (it happened) or ``retry`` (it did not)."""
+    _check_permission(actor, "resolve_task")
+    reason = validation.require_text(reason, "reason")
+    if outcome not in ("done", "retry"):
+        raise InvalidInput("outcome", "choice", "outcome: must be 'done' or 'retry'")
+    name, _ = _actor_fields(actor)
+    with transaction.atomic():
+        locked = _lock_task(task.pk)
+        dead = _dead_steps(locked)
+        if not dead:
+            raise InvalidTransition(f"task #{task.pk} has no dead step to resolve")
+        step = dead[0]
+        now = db_now()
+        started = Effect.objects.filter(step=step, status=Effect.Status.STARTED)
+        changed = [step]
+        bells: list[Doorbell] = []
+        if outcome == "done":
+            started.update(
+                status=Effect.Status.DONE,
+                result={"resolved_by": name, "note": reason},
+                finished_at=now,
+            )
+            step.status = StepStatus.SUCCEEDED
+            step.result = {"resolved": "done", "by": name, "note": reason}
+            step.finished_at = now
+            step.save(update_fields=["status", "result", "finished_at"])
+            changed += _unblock_next(locked, step, now)
+            bells = [Doorbell(s.pk, s.queue) for s in changed[1:]]
+        else:
+            # "It did not happen": forget the unfinished effects so the next attempt calls.
+            started.delete()
+            step.status = StepStatus.PENDING
+            step.attempts = 0
+            step.available_at = step.dispatched_at = now
+            step.finished_at = None
+            step.save(
+                update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"]
+            )
+            bells = [Doorbell(step.pk, step.queue)]
+        status = _settle_task(locked)
+        _event(
+            EventKind.RESOLVED,
+            task_id=locked.pk,
+            step_id=step.pk,
+            actor=actor,
+            reason=reason,
+            steps=changed,
+            outcome=outcome,
+            task_status=status,
+        )
+        ring_on_commit(bells)
+    return locked
+
+
+CANCELLABLE = (
+    StepStatus.BLOCKED,
+    StepStatus.PENDING,
+    StepStatus.WAITING_APPROVAL,
+    StepStatus.DEAD,
+)
+
+
+def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
+    """Cancel what has not run; ask a running step to stop. Its late result does not
+    revive the task, and completed side effects are not undone."""
+    _check_permission(actor, "cancel_task")
+    reason = validation.require_text(reason, "reason")
+    with transaction.atomic():
+        locked = _lock_task(task.pk)
+        if locked.status in TERMINAL_TASK_STATUSES:
+            raise InvalidTransition(f"task #{task.pk} already {locked.status}")
+        if locked.cancel_requested_at is not None:
+            raise InvalidTransition(f"task #{task.pk} is already being cancelled")
+        now = db_now()
+        steps = list(
+            locked.steps.select_for_update().filter(status__in=CANCELLABLE).order_by("position")
+        )
+        for step in steps:
+            step.status = StepStatus.CANCELLED
+            step.finished_at = now
+        Step.objects.bulk_update(steps, ["status", "finished_at"])
+        running = locked.steps.filter(status=StepStatus.RUNNING).exists()
+        if running:
+            locked.cancel_requested_at = now
+            locked.save(update_fields=["cancel_requested_at", "updated_at"])
+        status = _settle_task(locked)
+        _event(
+            EventKind.CANCEL_REQUESTED if running else EventKind.CANCELLED,
+            task_id=locked.pk,
+            actor=actor,
+            reason=reason,
+            steps=steps,
+            task_status=status,
+        )
+    return locked
+
+
+def _check_queue(name: Any) -> str:
+    return validation.validate_queue(name, field="name")
+
+
+def pause_queue(name: str, *, actor: Actor, reason: str) -> None:
+    """Stop claims in a queue; running steps finish, nothing new starts."""
+    _set_queue(name, paused=True, actor=actor, reason=reason)
+
+
+def resume_queue(name: str, *, actor: Actor, reason: str) -> None:
+    _set_queue(name, paused=False, actor=actor, reason=reason)
+
+
+def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
+    _check_permission(actor, "pause_queue")
+    queue = _check_queue(name)
+    reason = validation.require_text(reason, "reason")
+    who, _ = _actor_fields(actor)
+    with transaction.atomic():
+        state, _ = QueueState.objects.select_for_update().get_or_create(name=queue)
+        if state.paused == paused:
+            return
+        state.paused = paused
+        state.changed_by = who
+        state.reason = reason
+        state.save()
+        _event(
+            EventKind.QUEUE_PAUSED if paused else EventKind.QUEUE_RESUMED,
+            task_id=None,
+            actor=actor,
+            reason=reason,
+            queue=queue,
+        )
+        if not paused:
+            now = db_now()
+            due = list(
+                Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=now)
+                .order_by("-priority", "available_at")
+                .values_list("pk", flat=True)[:1000]
+            )
+            Step.objects.filter(pk__in=due).update(dispatched_at=now)
+            ring_on_commit([Doorbell(pk, queue) for pk in due])
+
+
+def paused_queues() -> list[str]:
+    return list(QueueState.objects.filter(paused=True).values_list("name", flat=True))

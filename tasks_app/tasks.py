@@ -1,0 +1,19 @@
+"""Celery tasks: thin adapters that take ids and call services."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from . import runner, services
+
+
+@shared_task(name="tasks_app.tasks.run_step", ignore_result=True)
+def run_step(step_id: int) -> None:
+    """Run the step if it can be claimed; a duplicate or late message does nothing."""
+    runner.run_claimed(step_id)
+
+
+@shared_task(name="tasks_app.tasks.sweep", ignore_result=True)
+def sweep() -> dict[str, int]:
+    report = services.sweep()
+    return {"reaped": report.reaped, "redispatched": report.redispatched}

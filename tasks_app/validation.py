@@ -1,0 +1,141 @@
+"""Input rules for enqueue (DESIGN §4). Every rejection names the field and the rule."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from .exceptions import InvalidInput, InvalidPayload
+
+MAX_PAYLOAD_BYTES = 65_536
+MAX_DEPTH = 32
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+
+def canonical_json(payload: Any) -> str:
+    return json.dumps(
+        payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def payload_hash(workflow: str, canonical: str) -> str:
+    return hashlib.sha256(f"{workflow}\n{canonical}".encode()).hexdigest()
+
+
+def _check_string(value: str, where: str, field: str) -> None:
+    if "\x00" in value:
+        raise InvalidPayload(field, "no_nul", f"{field}: {where} contains \\u0000")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(
+            field, "valid_unicode", f"{field}: {where} contains a lone surrogate"
+        ) from None
+
+
+def validate_payload(payload: Any, *, field: str = "payload") -> str:
+    """Check ``payload`` against the rules and return its canonical JSON.
+
+    1. The top value is a dict (a JSON object).
+    2. Walk it iteratively (no recursion, so a deep payload cannot blow the stack),
+       checking depth, key types, strings, numbers and that every value is a JSON type.
+    3. Serialise canonically and check the size in UTF-8 bytes.
+    """
+
+    def bad(rule: str, message: str) -> InvalidPayload:
+        return InvalidPayload(field, rule, f"{field}: {message}")
+
+    if not isinstance(payload, dict):
+        raise bad("object", "must be a JSON object")
+    stack: list[tuple[Any, int, str]] = [(payload, 1, "$")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, dict):
+            if depth > MAX_DEPTH:
+                raise bad("max_depth", f"nesting deeper than {MAX_DEPTH} levels at {where}")
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise bad("string_keys", f"key {key!r} at {where} is not a string")
+                _check_string(key, f"key at {where}", field)
+                stack.append((item, depth + 1, f"{where}.{key}"))
+        elif isinstance(value, list):
+            if depth > MAX_DEPTH:
+                raise bad("max_depth", f"nesting deeper than {MAX_DEPTH} levels at {where}")
+            for index, item in enumerate(value):
+                stack.append((item, depth + 1, f"{where}[{index}]"))
+        elif isinstance(value, str):
+            _check_string(value, where, field)
+        elif isinstance(value, bool) or value is None or isinstance(value, int):
+            pass
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise bad("finite_numbers", f"{where} is NaN or Infinity")
+        else:
+            raise bad(
+                "json_types",
+                f"{where} is a {type(value).__name__}, which does not round-trip through JSON",
+            )
+    canonical = canonical_json(payload)
+    if len(canonical.encode("utf-8")) > MAX_PAYLOAD_BYTES:
+        raise bad("max_bytes", f"canonical JSON is larger than {MAX_PAYLOAD_BYTES} bytes")
+    return canonical
+
+
+def validate_idempotency_key(key: Any) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidInput("idempotency_key", "string", "idempotency_key: must be a string or None")
+    if not 1 <= len(key) <= 255:
+        raise InvalidInput("idempotency_key", "length", "idempotency_key: 1 to 255 characters")
+    if any(not ("!" <= ch <= "~") for ch in key):
+        raise InvalidInput(
+            "idempotency_key",
+            "printable_ascii",
+            "idempotency_key: printable ASCII characters only, no spaces",
+        )
+    if key.startswith("task-"):
+        raise InvalidInput(
+            "idempotency_key", "reserved_prefix", "idempotency_key: may not start with 'task-'"
+        )
+    return key
+
+
+def validate_queue(queue: Any, *, field: str = "queue") -> str:
+    if not isinstance(queue, str) or queue not in settings.TASKS_QUEUES:
+        raise InvalidInput(
+            field, "known_queue", f"{field}: must be one of {', '.join(settings.TASKS_QUEUES)}"
+        )
+    return queue
+
+
+def validate_priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput("priority", "integer", "priority: must be an integer")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidInput(
+            "priority", "range", f"priority: must be from {MIN_PRIORITY} to {MAX_PRIORITY}"
+        )
+    return priority
+
+
+def validate_run_after(run_after: Any) -> datetime | None:
+    if run_after is None:
+        return None
+    if not isinstance(run_after, datetime):
+        raise InvalidInput("run_after", "datetime", "run_after: must be a datetime")
+    if timezone.is_naive(run_after):
+        raise InvalidInput("run_after", "timezone_aware", "run_after: must be timezone-aware")
+    return run_after
+
+
+def require_text(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field, "required", f"{field}: is required and may not be empty")
+    return value.strip()

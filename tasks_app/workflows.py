@@ -1,0 +1,139 @@
+"""The workflow registry: workflows are declared in code with a name and a version.
+
+Only registered workflows and step kinds run. A task keeps the version it was enqueued
+under; if that version is no longer registered, the worker dead-letters it as
+``incompatible_version`` instead of running it under other rules.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import UnknownWorkflow
+
+if TYPE_CHECKING:
+    from .effects import Effects
+
+Handler = Callable[["StepContext"], Any]
+PayloadValidator = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step kind of a workflow, with its options.
+
+    ``timeout`` bounds one attempt: past it the heartbeat stops renewing the lease, so a
+    hung handler loses its lease, is reaped and retried, and its late writes are fenced.
+    It is also handed to the handler (``ctx.timeout``) for its own remote calls.
+    """
+
+    kind: str
+    handler: Handler
+    max_attempts: int = 3
+    lease_seconds: int | None = None
+    backoff_base: float = 1.0
+    backoff_cap: float = 300.0
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.kind or ":" in self.kind:
+            raise ValueError(f"step kind {self.kind!r}: a non-empty name without ':'")
+        if self.max_attempts < 1:
+            raise ValueError(f"step {self.kind}: max_attempts must be at least 1")
+        if self.backoff_base < 0 or self.backoff_cap < self.backoff_base:
+            raise ValueError(f"step {self.kind}: need 0 <= backoff_base <= backoff_cap")
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Capped exponential backoff with full jitter, for the retry after ``attempt``."""
+        ceiling = min(self.backoff_cap, self.backoff_base * 2 ** max(attempt - 1, 0))
+        return (rng or random).uniform(0, ceiling)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    version: int
+    steps: tuple[StepSpec, ...]
+    validate_payload: PayloadValidator | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise ValueError(f"workflow {self.name}: needs at least one step")
+        kinds = [step.kind for step in self.steps]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"workflow {self.name}: step kinds must be unique")
+
+    def step(self, position: int) -> StepSpec | None:
+        return self.steps[position] if 0 <= position < len(self.steps) else None
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._workflows: dict[tuple[str, int], Workflow] = {}
+
+    def register(self, workflow: Workflow) -> Workflow:
+        with self._lock:
+            known = self._workflows.get((workflow.name, workflow.version))
+            if known is not None and known != workflow:
+                raise ValueError(
+                    f"workflow {workflow.name} v{workflow.version} is already registered"
+                )
+            self._workflows[(workflow.name, workflow.version)] = workflow
+        return workflow
+
+    def unregister(self, name: str, version: int) -> None:
+        with self._lock:
+            self._workflows.pop((name, version), None)
+
+    def get(self, name: str, version: int) -> Workflow | None:
+        return self._workflows.get((name, version))
+
+    def latest(self, name: str) -> Workflow:
+        versions = [wf for (n, _), wf in self._workflows.items() if n == name]
+        if not versions:
+            raise UnknownWorkflow("workflow", "registered", f"workflow: {name!r} is not registered")
+        return max(versions, key=lambda wf: wf.version)
+
+    def names(self) -> list[str]:
+        return sorted({name for name, _ in self._workflows})
+
+
+registry = Registry()
+register = registry.register
+
+
+@dataclass
+class StepContext:
+    """What a handler gets: its input, earlier results, and its place in the retry story."""
+
+    task_id: int
+    step_id: int
+    payload: dict[str, Any]
+    results: Mapping[str, Any]
+    attempt: int
+    fencing_token: int
+    step_key: str
+    effects: Effects
+    timeout: float | None = None
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the task was cancelled: stop at the next safe point."""
+        return self._cancelled.is_set()
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once this attempt lost its lease: its writes will be refused."""
+        return self._lease_lost.is_set()
+
+    @property
+    def should_stop(self) -> bool:
+        return self.cancelled or self.lease_lost
