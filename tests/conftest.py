@@ -1,0 +1,145 @@
+"""Shared fixtures: personas, time travel by back-dating rows, the broker's view, and the
+history check run after every test that touched the database."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.db.models import F
+
+from tasks_app.history import TaskState, fold
+from tasks_app.models import Step, Task
+
+BROKER_PREFIX = os.environ.get("TASKS_BROKER_PREFIX", "")
+
+
+# --- personas ------------------------------------------------------------------------------
+
+
+def _user(username: str, *groups: str, superuser: bool = False) -> User:
+    user = User.objects.create_user(username=username, password="pw-" + username)
+    if superuser:
+        user.is_staff = user.is_superuser = True
+        user.save()
+    for name in groups:
+        user.groups.add(Group.objects.get(name=name))
+    return user
+
+
+@pytest.fixture
+def oncall(db: None) -> User:
+    return _user("olivia-oncall", "oncall")
+
+
+@pytest.fixture
+def auditor(db: None) -> User:
+    return _user("aaron-auditor", "auditors")
+
+
+@pytest.fixture
+def outsider(db: None) -> User:
+    return _user("otto-outsider")
+
+
+@pytest.fixture
+def superuser(db: None) -> User:
+    return _user("sam-super", superuser=True)
+
+
+# --- time and steps ------------------------------------------------------------------------
+
+
+def backdate(step: Step, seconds: float = 3600) -> None:
+    """Move a step's clocks into the past, as if ``seconds`` had gone by."""
+    delta = timedelta(seconds=seconds)
+    Step.objects.filter(pk=step.pk, available_at__isnull=False).update(
+        available_at=F("available_at") - delta
+    )
+    Step.objects.filter(pk=step.pk, lease_expires_at__isnull=False).update(
+        lease_expires_at=F("lease_expires_at") - delta
+    )
+    Step.objects.filter(pk=step.pk, dispatched_at__isnull=False).update(
+        dispatched_at=F("dispatched_at") - delta
+    )
+
+
+def only_step(task: Task) -> Step:
+    return task.steps.get()
+
+
+# --- the broker -----------------------------------------------------------------------------
+
+
+class BrokerView:
+    """Reads the doorbells waiting in this run's Redis queues (keys under our prefix)."""
+
+    def __init__(self) -> None:
+        self.client = redis.Redis.from_url(settings.REDIS_URL)
+
+    def step_ids(self, queue: str = "default") -> list[int]:
+        ids = []
+        for raw in self.client.lrange(f"{BROKER_PREFIX}{queue}", 0, -1):
+            message = json.loads(raw)
+            body = json.loads(base64.b64decode(message["body"]))
+            args = body[0] if isinstance(body, list) else body.get("args", [])
+            ids.append(int(args[0]))
+        return sorted(ids)
+
+    def purge(self) -> None:
+        for key in self.client.scan_iter(match=f"{BROKER_PREFIX}*"):
+            self.client.delete(key)
+
+
+@pytest.fixture
+def broker() -> Iterator[BrokerView]:
+    view = BrokerView()
+    view.purge()
+    yield view
+    view.purge()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_broker_keys() -> Iterator[None]:
+    yield
+    if BROKER_PREFIX and getattr(settings, "REDIS_URL", ""):
+        BrokerView().purge()
+
+
+# --- the history check ------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _history_folds_to_stored_state(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every database test: folding each task's events gives its stored state.
+
+    The database fixture is requested here so that it is torn down after this check.
+    """
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or bool(
+        marker and marker.kwargs.get("transaction")
+    )
+    if transactional:
+        request.getfixturevalue("transactional_db")
+    elif "db" in request.fixturenames or marker:
+        request.getfixturevalue("db")
+    else:
+        yield
+        return
+    yield
+    if request.node.get_closest_marker("no_fold_check"):
+        return
+    mismatches: dict[int, Any] = {}
+    for task in Task.objects.all():
+        folded, stored = fold(task), TaskState.from_db(task)
+        if folded != stored:
+            mismatches[task.pk] = {"folded": folded, "stored": stored}
+    assert not mismatches, f"event history does not fold to the stored state: {mismatches}"
