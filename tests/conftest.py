@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -87,7 +87,8 @@ class BrokerView:
 
     def step_ids(self, queue: str = "default") -> list[int]:
         ids = []
-        for raw in self.client.lrange(f"{BROKER_PREFIX}{queue}", 0, -1):
+        raws = cast(list[bytes], self.client.lrange(f"{BROKER_PREFIX}{queue}", 0, -1))
+        for raw in raws:
             message = json.loads(raw)
             body = json.loads(base64.b64decode(message["body"]))
             args = body[0] if isinstance(body, list) else body.get("args", [])
