@@ -159,6 +159,11 @@ STORAGES = {
     },
 }
 
+# Outside production static files are served from the finders; production serves the
+# collected, hashed files from STATIC_ROOT.
+WHITENOISE_AUTOREFRESH = not PRODUCTION
+WHITENOISE_USE_FINDERS = not PRODUCTION
+
 LOGIN_URL = "admin:login"
 
 LOGGING = {
@@ -211,7 +216,7 @@ else:
     _broker_dir = VAR_DIR / "broker"
     for _folder in ("queue", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "filesystem://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
