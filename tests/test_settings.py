@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +69,8 @@ def test_a_worker_without_q_consumes_every_queue_and_the_sweeper_has_its_own() -
     queues = {queue.name for queue in settings.CELERY_TASK_QUEUES}
     assert queues == {*settings.TASKS_QUEUES, "maintenance"}
     assert settings.CELERY_TASK_ROUTES["tasks_app.tasks.sweep"]["queue"] == "maintenance"
-    assert settings.CELERY_BEAT_SCHEDULE["sweep"]["options"]["queue"] == "maintenance"
+    beat: dict[str, Any] = settings.CELERY_BEAT_SCHEDULE["sweep"]
+    assert beat["options"]["queue"] == "maintenance"
     assert settings.CELERY_TASK_ACKS_LATE and settings.CELERY_TASK_REJECT_ON_WORKER_LOST
     assert settings.CELERY_WORKER_PREFETCH_MULTIPLIER == 1
     assert settings.CELERY_ACCEPT_CONTENT == ["json"]
