@@ -64,8 +64,10 @@ if PRODUCTION:
 elif not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-not-for-production"  # noqa: S105
 
-# Everything the embedded mode writes (SQLite file, broker folders) lives here.
+# Everything the embedded mode writes (SQLite file, broker folders) lives here, and in
+# every mode beat's schedule file, so the folder is made with PostgreSQL and Redis too.
 VAR_DIR = Path(env_str("TASKS_VAR_DIR") or BASE_DIR / "var")
+VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -115,7 +117,6 @@ DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 else:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",

@@ -39,6 +39,10 @@ def publish(doorbells: list[Doorbell]) -> None:
     """Send the doorbells over one broker connection, without blocking retries."""
     app = current_app
     with app.producer_or_acquire() as producer:
+        # Connect without kombu's retry loop: the transport's ``max_retries`` sleeps two
+        # seconds before retrying a refused connection, which would hold up every commit
+        # while the broker is down. Failing at once is fine: the sweeper rings again.
+        producer.connection.ensure_connection(max_retries=0)
         for bell in doorbells:
             if bell.countdown > MAX_COUNTDOWN:
                 continue

@@ -17,11 +17,19 @@ if TYPE_CHECKING:
     from .models import Task
 
 
-def derive_task_status(step_statuses: Iterable[str]) -> TaskStatus:
-    """A task's status from its steps (superseded rows are history and ignored)."""
+def derive_task_status(
+    step_statuses: Iterable[str], *, cancel_requested: bool = False
+) -> TaskStatus:
+    """A task's status from its steps (superseded rows are history and ignored).
+
+    Once a cancel was requested the task ends ``cancelled`` as soon as nothing runs, even
+    if the step that was running finished its work: a late result does not revive it.
+    """
     current = [status for status in step_statuses if status != StepStatus.SUPERSEDED]
     if StepStatus.RUNNING in current:
         return TaskStatus.RUNNING
+    if cancel_requested:
+        return TaskStatus.CANCELLED
     if StepStatus.DEAD in current:
         return TaskStatus.DEAD
     if StepStatus.WAITING_APPROVAL in current:
@@ -59,11 +67,15 @@ class TaskState:
 
 def fold(task: Task) -> TaskState:
     """The state a task's event history says it is in."""
-    from .models import Event
+    from .models import Event, EventKind
 
     steps: dict[int, StepState] = {}
-    for data in Event.objects.for_task(task.pk).values_list("data", flat=True):
+    cancel_requested = False
+    for kind, data in Event.objects.for_task(task.pk).values_list("kind", "data"):
+        cancel_requested = cancel_requested or kind == EventKind.CANCEL_REQUESTED
         for step_id, (status, attempts, token) in (data.get("steps") or {}).items():
             steps[int(step_id)] = StepState(status, attempts, token)
-    status = derive_task_status(state.status for state in steps.values())
+    status = derive_task_status(
+        (state.status for state in steps.values()), cancel_requested=cancel_requested
+    )
     return TaskState(status=status, steps=steps)

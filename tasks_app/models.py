@@ -288,8 +288,11 @@ class Event(models.Model):
         return f"{self.kind} task={self.task_id} step={self.step_id} by {self.actor}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
+        if not self._state.adding or kwargs.get("force_update") or kwargs.get("update_fields"):
             raise AppendOnlyError("events are append-only: UPDATE is refused")
+        # Always an INSERT: Django would try an UPDATE first for a new instance that carries
+        # an existing id, which only the PostgreSQL trigger would stop.
+        kwargs["force_insert"] = True
         super().save(*args, **kwargs)
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:

@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import validation
-from .dispatch import Doorbell, ring_on_commit
+from .dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
 from .exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
 from .history import derive_task_status
 from .models import (
@@ -132,7 +132,9 @@ def _current_steps(task: Task) -> list[Step]:
 def _settle_task(task: Task, steps: Sequence[Step] | None = None) -> str:
     """Store the task status derived from its (non-superseded) steps."""
     current = _current_steps(task) if steps is None else steps
-    status = derive_task_status(step.status for step in current)
+    status = derive_task_status(
+        (step.status for step in current), cancel_requested=task.cancel_requested_at is not None
+    )
     finished = timezone.now() if status in TERMINAL_TASK_STATUSES | {TaskStatus.DEAD} else None
     if status != task.status or (finished is None and task.finished_at is not None):
         task.status = status
@@ -418,7 +420,10 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
     if task_id is None:
         return None
     with transaction.atomic():
-        task = _lock_task(task_id)
+        # Pruned or deleted meanwhile: a late doorbell for it does nothing.
+        task = Task.objects.select_for_update().filter(pk=task_id).first()
+        if task is None:
+            return None
         step = (
             Step.objects.select_for_update()
             .filter(pk=step_id, status=StepStatus.PENDING, available_at__lte=Now())
@@ -603,9 +608,13 @@ def fail_step(
                 step.finished_at = db_now()
             elif retry_in is not None and step.attempts < step.max_attempts:
                 kind, step.status = EventKind.RETRY_SCHEDULED, StepStatus.PENDING
-                available_at = db_now() + timedelta(seconds=retry_in)
-                step.available_at = step.dispatched_at = available_at
-                bells.append(Doorbell(step.pk, step.queue, retry_in))
+                step.available_at = db_now() + timedelta(seconds=retry_in)
+                if retry_in <= MAX_COUNTDOWN:
+                    step.dispatched_at = step.available_at
+                    bells.append(Doorbell(step.pk, step.queue, retry_in))
+                else:
+                    # No doorbell that far out: the sweeper rings as soon as it is due.
+                    step.dispatched_at = None
             else:
                 kind, step.status = EventKind.DEAD_LETTERED, StepStatus.DEAD
                 step.finished_at = db_now()
@@ -698,6 +707,14 @@ def reap_expired_leases(*, limit: int = 500) -> int:
                 outcome=outcome,
                 task_status=status,
             )
+            if step.status == StepStatus.CANCELLED:
+                _event(
+                    EventKind.CANCELLED,
+                    task_id=task_id,
+                    actor=SWEEPER,
+                    reason="cancel requested while the step ran; its lease expired",
+                    task_status=status,
+                )
             if step.status == StepStatus.DEAD:
                 _event(
                     EventKind.DEAD_LETTERED,
@@ -751,6 +768,10 @@ def redrive(
     _check_permission(actor, "redrive_task")
     reason = validation.require_text(reason, "reason")
     canonical = validation.validate_payload(payload) if payload is not None else None
+    flow = registry.get(task.workflow, task.workflow_version)
+    if payload is not None and flow is not None and flow.validate_payload is not None:
+        # An edited payload must pass the same rules as one given to enqueue.
+        flow.validate_payload(payload)
     with transaction.atomic():
         locked = _lock_task(task.pk)
         dead = _dead_steps(locked)
