@@ -144,3 +144,9 @@ def _history_folds_to_stored_state(request: pytest.FixtureRequest) -> Iterator[N
         if folded != stored:
             mismatches[task.pk] = {"folded": folded, "stored": stored}
     assert not mismatches, f"event history does not fold to the stored state: {mismatches}"
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    """Personas are made per test; the production hasher is deliberately slow."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
