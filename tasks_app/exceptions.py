@@ -25,11 +25,12 @@ class UnknownWorkflow(InvalidInput):
 class IdempotencyConflict(Exception):
     """The key is taken by a task with a different workflow or payload."""
 
-    def __init__(self, idempotency_key: str, task_id: int) -> None:
+    def __init__(self, idempotency_key: str, task_id: int | None) -> None:
         self.idempotency_key = idempotency_key
         self.task_id = task_id
+        holder = f"task #{task_id}" if task_id is not None else "an earlier item of this batch"
         super().__init__(
-            f"idempotency key {idempotency_key!r} is taken by task #{task_id} "
+            f"idempotency key {idempotency_key!r} is taken by {holder} "
             "with a different workflow or payload"
         )
 

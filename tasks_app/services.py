@@ -282,7 +282,7 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
         known = existing.get(key) if key else None
         if known is not None:
             if known.workflow != item.workflow.name or known.payload_hash != item.payload_hash:
-                _conflict(key or "", known.pk)
+                raise IdempotencyConflict(key or "", known.pk)
             results.append(EnqueueResult(known, created=False))
             duplicates += 1
             continue
@@ -292,7 +292,7 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
                 item.workflow.name,
                 item.payload_hash,
             ):
-                _conflict(key, 0)
+                raise IdempotencyConflict(key, None)
             results.append(None)  # filled in with the first item's task below
             duplicates += 1
             fresh.append((index, item))
@@ -324,7 +324,12 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
         to_create.append((index, item, task))
         if item.idempotency_key:
             new_tasks[item.idempotency_key] = task
-    Task.objects.bulk_create([task for _, _, task in to_create])
+    # Keys are inserted in sorted order: two batches sharing keys then queue on the unique
+    # index in one order (the later one fails, retries and finds the tasks) instead of each
+    # holding a key the other waits for, a deadlock.
+    Task.objects.bulk_create(
+        sorted((task for _, _, task in to_create), key=lambda task: task.idempotency_key or "")
+    )
 
     steps: list[Step] = []
     for _, item, task in to_create:
@@ -381,10 +386,6 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
     final = [result for result in results if result is not None]
     assert len(final) == len(items)
     return final, duplicates
-
-
-def _conflict(key: str, task_id: int) -> None:
-    raise IdempotencyConflict(key, task_id)
 
 
 def get_task(*, idempotency_key: str) -> Task | None:

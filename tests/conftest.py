@@ -4,6 +4,7 @@ history check run after every test that touched the database."""
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import os
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 import redis
+from django.apps import apps as django_apps
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db.models import F
@@ -25,7 +27,17 @@ BROKER_PREFIX = os.environ.get("TASKS_BROKER_PREFIX", "")
 # --- personas ------------------------------------------------------------------------------
 
 
+def ensure_groups() -> None:
+    """Transactional tests flush the database, taking the migration-made groups along."""
+    if Group.objects.filter(name__in=["oncall", "auditors"]).count() < 2:
+        migration = importlib.import_module(
+            "tasks_app.migrations.0002_event_append_only_and_groups"
+        )
+        migration.create_groups(django_apps, None)
+
+
 def _user(username: str, *groups: str, superuser: bool = False) -> User:
+    ensure_groups()
     user = User.objects.create_user(username=username, password="pw-" + username)
     if superuser:
         user.is_staff = user.is_superuser = True
