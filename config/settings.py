@@ -189,6 +189,8 @@ if PRODUCTION:
 # --- the task system -------------------------------------------------------------------
 
 TASKS_QUEUES = env_list("TASKS_QUEUES", ["default"])
+# Django's own task framework enqueues into this system.
+TASKS = {"default": {"BACKEND": "tasks_app.backends.DurableBackend"}}
 TASKS_MAINTENANCE_QUEUE = "maintenance"
 if TASKS_MAINTENANCE_QUEUE in TASKS_QUEUES:
     raise ImproperlyConfigured("TASKS_QUEUES must not name the reserved queue 'maintenance'")

@@ -9,4 +9,4 @@ class TasksAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Workflows shipped with the app register themselves on import.
-        from . import demo_workflows  # noqa: F401
+        from . import backends, demo_workflows  # noqa: F401
