@@ -762,6 +762,15 @@ def _dead_steps(task: Task) -> list[Step]:
     return list(task.steps.select_for_update().filter(status=StepStatus.DEAD).order_by("position"))
 
 
+def _run_again(step: Step, now: datetime) -> None:
+    """A dead step becomes due now with a fresh attempt budget; its token keeps rising."""
+    step.status = StepStatus.PENDING
+    step.attempts = 0
+    step.available_at = step.dispatched_at = now
+    step.finished_at = None
+    step.save(update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"])
+
+
 def redrive(
     task: Task, *, actor: Actor, reason: str, payload: dict[str, Any] | None = None
 ) -> Task:
@@ -780,13 +789,7 @@ def redrive(
             raise InvalidTransition(f"task #{task.pk} has no dead step to redrive")
         now = db_now()
         for step in dead:
-            step.status = StepStatus.PENDING
-            step.attempts = 0
-            step.available_at = step.dispatched_at = now
-            step.finished_at = None
-            step.save(
-                update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"]
-            )
+            _run_again(step, now)
         data: dict[str, Any] = {}
         if canonical is not None:
             data = {"old_payload": locked.payload, "new_payload": json.loads(canonical)}
@@ -838,13 +841,7 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
         else:
             # "It did not happen": forget the unfinished effects so the next attempt calls.
             started.delete()
-            step.status = StepStatus.PENDING
-            step.attempts = 0
-            step.available_at = step.dispatched_at = now
-            step.finished_at = None
-            step.save(
-                update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"]
-            )
+            _run_again(step, now)
             bells = [Doorbell(step.pk, step.queue)]
         status = _settle_task(locked)
         _event(
