@@ -198,6 +198,10 @@ TASKS_LEASE_SECONDS = env_int("TASKS_LEASE_SECONDS", 30)
 TASKS_SWEEP_SECONDS = env_int("TASKS_SWEEP_SECONDS", 5)
 # A due step whose doorbell may have been lost is re-dispatched at most this often.
 TASKS_REDISPATCH_SECONDS = env_int("TASKS_REDISPATCH_SECONDS", 30)
+# A worker woken by a doorbell claims due steps in batches of up to this many ...
+TASKS_CLAIM_BATCH = env_int("TASKS_CLAIM_BATCH", 50)
+# ... for at most this long, then rings for the rest and frees itself.
+TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
 PUBLISH_URL = env_str("PUBLISH_URL", "http://127.0.0.1:8000/fake/publish/")
 MAIL_URL = env_str("MAIL_URL", "http://127.0.0.1:8000/fake/mail/")
 

@@ -10,11 +10,16 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connections
 
-from . import services
+from . import batch, services
+from .dispatch import Doorbell, ring_on_commit
 from .effects import Effects, LeaseLost
 from .exceptions import InvalidInput, OutcomeUnknown, PermanentError
 from .models import Step, StepStatus
@@ -24,48 +29,77 @@ logger = logging.getLogger(__name__)
 
 # Errors that retrying cannot fix: dead-letter at once.
 PERMANENT = (PermanentError, InvalidInput, ValidationError)
+# A batch grows while its steps take less than this each, and shrinks once a batch takes
+# longer than the second figure.
+FAST_STEP_SECONDS = 0.01
+SLOW_BATCH_SECONDS = 1.0
 
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Heartbeat(threading.Thread):
-    """Renews the lease while the handler runs, on its own database connection.
+@dataclass
+class _Watched:
+    claim: services.Claim
+    ctx: StepContext | None = None
+    deadline: float | None = None
 
-    It tells the handler (through the context) when the task was cancelled or the lease
-    was lost, and stops renewing once the step's timeout has passed so a hung handler's
+
+class Heartbeat(threading.Thread):
+    """Renews the leases of a batch of claims while their handlers run, on its own
+    database connection.
+
+    It tells each handler (through its context) when the task was cancelled or the lease
+    was lost, and stops renewing a step once its timeout has passed, so a hung handler's
     lease runs out and the sweeper hands the step to another attempt.
     """
 
-    def __init__(self, claim: services.Claim, ctx: StepContext, timeout: float | None) -> None:
-        super().__init__(name=f"heartbeat-{claim.step_id}", daemon=True)
-        self.claim = claim
-        self.ctx = ctx
-        self.deadline = time.monotonic() + timeout if timeout else None
-        self.interval = max(claim.lease_seconds / 3, 0.05)
+    def __init__(self, claims: Sequence[services.Claim]) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self._lock = threading.Lock()
+        self._watched = {claim.step_id: _Watched(claim) for claim in claims}
+        lease = min((claim.lease_seconds for claim in claims), default=30)
+        self.interval = max(lease / 3, 0.05)
         self._stop_event = threading.Event()
+
+    def started(self, claim: services.Claim, ctx: StepContext, timeout: float | None) -> None:
+        with self._lock:
+            watched = self._watched.get(claim.step_id)
+            if watched is not None:
+                watched.ctx = ctx
+                watched.deadline = time.monotonic() + timeout if timeout else None
+
+    def forget(self, claim: services.Claim) -> None:
+        with self._lock:
+            self._watched.pop(claim.step_id, None)
 
     def run(self) -> None:
         try:
             while not self._stop_event.wait(self.interval):
-                if self.deadline is not None and time.monotonic() > self.deadline:
-                    logger.warning(
-                        "step %s passed its timeout; lease left to expire", self.claim.step_id
-                    )
-                    return
-                try:
-                    beat = services.heartbeat(self.claim)
-                except Exception:
-                    logger.exception("heartbeat failed for step %s", self.claim.step_id)
-                    continue
-                if beat.cancel_requested:
-                    self.ctx._cancelled.set()
-                if not beat.alive:
-                    self.ctx._lease_lost.set()
-                    return
+                with self._lock:
+                    watched = list(self._watched.values())
+                for item in watched:
+                    self._beat(item)
         finally:
             connections.close_all()
+
+    def _beat(self, item: _Watched) -> None:
+        if item.deadline is not None and time.monotonic() > item.deadline:
+            logger.warning("step %s passed its timeout; lease left to expire", item.claim.step_id)
+            self.forget(item.claim)
+            return
+        try:
+            beat = services.heartbeat(item.claim)
+        except Exception:
+            logger.exception("heartbeat failed for step %s", item.claim.step_id)
+            return
+        if item.ctx is not None and beat.cancel_requested:
+            item.ctx._cancelled.set()
+        if not beat.alive:
+            if item.ctx is not None:
+                item.ctx._lease_lost.set()
+            self.forget(item.claim)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -86,18 +120,47 @@ def _dead(claim: services.Claim, error_class: str, message: str, reason: str) ->
     )
 
 
+_FAILED = object()
+
+
 def execute(claim: services.Claim) -> None:
-    """Run a claimed step and record its outcome under the claim's fencing token.
+    """Run one claimed step and record its outcome under its fencing token."""
+    run_batch([claim])
+
+
+def run_batch(claims: Sequence[services.Claim]) -> None:
+    """Run claimed steps one after another and record their outcomes.
+
+    Failures are recorded as they happen; successes are recorded together at the end in
+    one transaction (:func:`batch.complete_many`), each still fenced by its token. The
+    heartbeat keeps every lease of the batch alive until then.
+    """
+    if not claims:
+        return
+    rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
+    heartbeat = Heartbeat(claims)
+    heartbeat.start()
+    succeeded: list[tuple[services.Claim, Any]] = []
+    try:
+        for claim in claims:
+            result = _run_one(claim, rows[claim.step_id], heartbeat)
+            if result is not _FAILED:
+                succeeded.append((claim, result))
+        batch.complete_many(succeeded)
+    finally:
+        heartbeat.stop()
+
+
+def _run_one(claim: services.Claim, step: Step, heartbeat: Heartbeat) -> Any:
+    """Run one handler; returns its result, or ``_FAILED`` once the failure is recorded.
 
     1. Find the workflow version the task was enqueued under; if it is gone, or the step's
        kind is not that version's, dead-letter (``incompatible_version`` /
        ``unknown_step_kind``) rather than run it under other rules.
-    2. Build the context (payload, earlier results, attempt, step key, effects ledger) and
-       start the heartbeat.
-    3. Run the handler and classify: a result completes the step; ``OutcomeUnknown`` and
+    2. Build the context (payload, earlier results, attempt, step key, effects ledger).
+    3. Run the handler and classify: a JSON result is returned; ``OutcomeUnknown`` and
        permanent errors dead-letter; anything else retries with backoff.
     """
-    step = Step.objects.select_related("task").get(pk=claim.step_id)
     task = step.task
     flow = registry.get(task.workflow, task.workflow_version)
     if flow is None:
@@ -107,7 +170,8 @@ def execute(claim: services.Claim) -> None:
             f"workflow {task.workflow} v{task.workflow_version} is not registered on this worker",
             "incompatible_version",
         )
-        return
+        heartbeat.forget(claim)
+        return _FAILED
     spec = flow.step(step.position)
     if spec is None or spec.kind != step.kind:
         _dead(
@@ -116,26 +180,28 @@ def execute(claim: services.Claim) -> None:
             f"step kind {step.kind!r} is not registered",
             "unknown_step_kind",
         )
-        return
+        heartbeat.forget(claim)
+        return _FAILED
 
-    earlier = (
-        task.steps.filter(status=StepStatus.SUCCEEDED, position__lt=step.position)
-        .order_by("position", "revision")
-        .values_list("kind", "result")
-    )
+    earlier: dict[str, Any] = {}
+    if step.position > 0:
+        earlier = dict(
+            task.steps.filter(status=StepStatus.SUCCEEDED, position__lt=step.position)
+            .order_by("position", "revision")
+            .values_list("kind", "result")
+        )
     ctx = StepContext(
         task_id=task.pk,
         step_id=step.pk,
         payload=task.payload,
-        results=dict(earlier),
+        results=earlier,
         attempt=claim.attempt,
         fencing_token=claim.token,
         step_key=step.idempotency_key,
         effects=Effects(step_id=step.pk, step_key=step.idempotency_key, fencing_token=claim.token),
         timeout=spec.timeout,
     )
-    heartbeat = Heartbeat(claim, ctx, spec.timeout)
-    heartbeat.start()
+    heartbeat.started(claim, ctx, spec.timeout)
     try:
         result = spec.handler(ctx)
     except LeaseLost as exc:
@@ -143,24 +209,21 @@ def execute(claim: services.Claim) -> None:
         services.fail_step(
             claim, error_class=_error_class(exc), message=str(exc), retry_in=0, reason=""
         )
-        return
     except OutcomeUnknown as exc:
         _dead(claim, _error_class(exc), _error_text(exc), "outcome_unknown")
-        return
     except PERMANENT as exc:
         _dead(claim, _error_class(exc), _error_text(exc), "permanent_error")
-        return
     except Exception as exc:
         _retry(claim, spec, exc)
-        return
-    finally:
-        heartbeat.stop()
-    try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        _dead(claim, "invalid_result", f"handler result is not JSON: {exc}", "permanent_error")
-        return
-    services.complete_step(claim, result)
+    else:
+        try:
+            json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            _dead(claim, "invalid_result", f"handler result is not JSON: {exc}", "permanent_error")
+        else:
+            return result
+    heartbeat.forget(claim)
+    return _FAILED
 
 
 def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:
@@ -171,6 +234,38 @@ def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:
         retry_in=spec.backoff(claim.attempt),
         reason="",
     )
+
+
+def drain(step_id: int) -> int:
+    """Run ``step_id`` if it can be claimed, then keep claiming due steps of its queue.
+
+    Batches start at one step and double while steps are quick (up to
+    ``TASKS_CLAIM_BATCH``), so slow handlers are not hoarded by one worker. After
+    ``TASKS_DRAIN_SECONDS`` the worker rings for the rest and returns, so one message
+    never holds a worker for long. Returns how many steps were run.
+    """
+    worker = worker_id()
+    deadline = time.monotonic() + settings.TASKS_DRAIN_SECONDS
+    size, ran = 1, 0
+    queue: str | None = None
+    named: int | None = step_id
+    while True:
+        claims = batch.claim_batch(worker_id=worker, limit=size, step_id=named, queue=queue)
+        if not claims:
+            return ran
+        queue, named = claims[0].queue, None
+        began = time.monotonic()
+        run_batch(claims)
+        ran += len(claims)
+        per_step = (time.monotonic() - began) / len(claims)
+        if per_step < FAST_STEP_SECONDS:
+            size = min(size * 2, settings.TASKS_CLAIM_BATCH)
+        elif per_step * size > SLOW_BATCH_SECONDS:
+            size = max(size // 2, 1)
+        if time.monotonic() >= deadline:
+            if batch.queue_has_due_steps(queue):
+                ring_on_commit([Doorbell(claims[-1].step_id, queue)])
+            return ran
 
 
 def run_claimed(step_id: int) -> bool:

@@ -403,6 +403,7 @@ class Claim:
     attempt: int
     worker_id: str
     lease_seconds: int
+    queue: str = "default"
 
 
 def _paused_queues() -> Q:
@@ -470,6 +471,7 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
         attempt=step.attempts,
         worker_id=worker_id,
         lease_seconds=lease,
+        queue=step.queue,
     )
 
 
@@ -482,7 +484,8 @@ def _held_step(claim: Claim) -> Step | None:
     )
 
 
-def _reject_stale(claim: Claim, operation: str) -> None:
+def reject_stale(claim: Claim, operation: str) -> None:
+    """Record a worker write refused because its claim no longer holds the step."""
     current = Step.objects.filter(pk=claim.step_id).values("status", "fencing_token").first()
     with transaction.atomic():
         _event(
@@ -541,7 +544,7 @@ def heartbeat(claim: Claim, *, lease_seconds: int | None = None) -> HeartbeatRes
                 pk=claim.task_id, cancel_requested_at__isnull=False
             ).exists()
             return HeartbeatResult(alive=True, cancel_requested=cancel)
-    _reject_stale(claim, "heartbeat")
+    reject_stale(claim, "heartbeat")
     return HeartbeatResult(alive=False, cancel_requested=False)
 
 
@@ -580,7 +583,7 @@ def complete_step(claim: Claim, result: Any) -> bool:
                 )
             ring_on_commit([Doorbell(s.pk, s.queue) for s in changed[1:]])
             return True
-    _reject_stale(claim, "complete")
+    reject_stale(claim, "complete")
     return False
 
 
@@ -638,7 +641,7 @@ def fail_step(
             )
             ring_on_commit(bells)
             return True
-    _reject_stale(claim, "fail")
+    reject_stale(claim, "fail")
     return False
 
 

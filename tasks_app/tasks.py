@@ -10,7 +10,7 @@ from . import runner, services
 @shared_task(name="tasks_app.tasks.run_step", ignore_result=True)
 def run_step(step_id: int) -> None:
     """Run the step if it can be claimed; a duplicate or late message does nothing."""
-    runner.run_claimed(step_id)
+    runner.drain(step_id)
 
 
 @shared_task(name="tasks_app.tasks.sweep", ignore_result=True)

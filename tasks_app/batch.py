@@ -1,0 +1,247 @@
+"""Batched claims and completions: the workers' hot path.
+
+Same guarantees as :func:`services.claim_step` and :func:`services.complete_step`, for many
+steps per transaction. A claim is still a conditional, fenced write with its Lease and
+Event; a completion still checks the token and writes its Event with the change. On
+PostgreSQL each is one transaction of one or two statements; on SQLite (the embedded mode)
+they fall back to the one-step services in a loop.
+
+Lock order stays task row, then step row: a batch claim locks both with SKIP LOCKED, so it
+never waits on a cancel or a completion that holds the task, and a batch completion locks
+its tasks in id order before touching their steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
+from . import services
+from .dispatch import Doorbell, ring_on_commit
+from .models import Step, StepStatus
+from .services import Claim
+
+# One statement: pick due steps (the named one first) with their task rows, skipping rows
+# another transaction holds; mark them running with a raised token; write their leases,
+# their `claimed` events and the tasks' status.
+CLAIM_SQL = """
+WITH target AS (
+    SELECT COALESCE(%(queue)s, (SELECT queue FROM tasks_app_step WHERE id = %(step)s)) AS queue
+), open_queue AS (
+    SELECT queue FROM target
+    WHERE NOT EXISTS (
+        SELECT 1 FROM tasks_app_queuestate q WHERE q.name = target.queue AND q.paused
+    )
+), named AS (
+    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.id = %(step)s AND s.status = 'pending' AND s.available_at <= statement_timestamp()
+      AND s.queue = (SELECT queue FROM open_queue)
+    FOR UPDATE OF s, t SKIP LOCKED
+), more AS (
+    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.queue = (SELECT queue FROM open_queue) AND s.status = 'pending'
+      AND s.available_at <= statement_timestamp() AND s.id IS DISTINCT FROM %(step)s
+    ORDER BY s.priority DESC, s.available_at
+    LIMIT %(more)s
+    FOR UPDATE OF s, t SKIP LOCKED
+), claimed AS (
+    UPDATE tasks_app_step s
+    SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,
+        lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
+        started_at = statement_timestamp()
+    WHERE s.id IN (SELECT id FROM named UNION ALL SELECT id FROM more)
+    RETURNING s.id, s.task_id, s.queue, s.attempts, s.fencing_token, s.lease_expires_at
+), leases AS (
+    INSERT INTO tasks_app_lease (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
+    SELECT id, fencing_token, %(worker)s, statement_timestamp(), lease_expires_at, NULL, ''
+    FROM claimed
+), events AS (
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT task_id, id, 'claimed', %(actor)s, NULL, '',
+           jsonb_build_object(
+               'steps', jsonb_build_object(id::text, jsonb_build_array('running', attempts, fencing_token)),
+               'token', fencing_token, 'attempt', attempts, 'lease_seconds', %(lease)s
+           ),
+           statement_timestamp()
+    FROM claimed
+), tasks AS (
+    UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
+    FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
+)
+SELECT id, task_id, queue, attempts, fencing_token FROM claimed ORDER BY id = %(step)s DESC, id
+"""
+
+LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
+
+# One statement after the tasks are locked: fenced success for every step still held by
+# its token, leases released, the next step of each task made due (unless a cancel was
+# requested), task status settled, and one `succeeded` event per step (plus `cancelled`).
+COMPLETE_SQL = """
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[])
+        AS i(id, token, result)
+), done AS (
+    UPDATE tasks_app_step s
+    SET status = 'succeeded', result = i.result, finished_at = statement_timestamp(),
+        lease_expires_at = NULL
+    FROM input i
+    WHERE s.id = i.id AND s.fencing_token = i.token AND s.status = 'running'
+    RETURNING s.id, s.task_id, s.position, s.attempts, s.fencing_token
+), released AS (
+    UPDATE tasks_app_lease l SET released_at = statement_timestamp(), outcome = 'succeeded'
+    FROM done WHERE l.step_id = done.id AND l.token = done.fencing_token AND l.released_at IS NULL
+), nxt AS (
+    UPDATE tasks_app_step n
+    SET status = 'pending', available_at = statement_timestamp(),
+        dispatched_at = statement_timestamp()
+    FROM done JOIN tasks_app_task t ON t.id = done.task_id
+    WHERE n.task_id = done.task_id AND n.position = done.position + 1 AND n.status = 'blocked'
+      AND t.cancel_requested_at IS NULL
+    RETURNING n.id, n.task_id, n.queue, n.attempts, n.fencing_token
+), settled AS (
+    UPDATE tasks_app_task t
+    SET status = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN nxt.id IS NULL THEN 'succeeded' ELSE 'pending' END,
+        finished_at = CASE WHEN nxt.id IS NULL THEN statement_timestamp() END,
+        updated_at = statement_timestamp()
+    FROM done LEFT JOIN nxt ON nxt.task_id = done.task_id
+    WHERE t.id = done.task_id
+    RETURNING t.id, t.status
+), events AS (
+    -- A task's `succeeded` comes before its `cancelled`: ids follow the ORDER BY.
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT task_id, step_id, kind, actor, NULL, reason, data, statement_timestamp()
+    FROM (
+        SELECT done.task_id, done.id AS step_id, 'succeeded' AS kind, %(actor)s AS actor,
+               '' AS reason, 0 AS ord,
+               jsonb_build_object(
+                   'steps',
+                   jsonb_build_object(
+                       done.id::text, jsonb_build_array('succeeded', done.attempts, done.fencing_token)
+                   ) || CASE WHEN nxt.id IS NULL THEN '{}'::jsonb ELSE jsonb_build_object(
+                       nxt.id::text, jsonb_build_array('pending', nxt.attempts, nxt.fencing_token)
+                   ) END,
+                   'token', done.fencing_token, 'task_status', settled.status
+               ) AS data
+        FROM done JOIN settled ON settled.id = done.task_id LEFT JOIN nxt ON nxt.task_id = done.task_id
+        UNION ALL
+        SELECT settled.id, NULL, 'cancelled', 'system', 'cancel requested while the step ran', 1,
+               '{}'::jsonb
+        FROM settled WHERE settled.status = 'cancelled'
+    ) AS e
+    ORDER BY task_id, ord
+)
+SELECT 'done', id, '' FROM done
+UNION ALL
+SELECT 'next', id, queue FROM nxt
+"""
+
+
+def claim_batch(
+    *,
+    worker_id: str,
+    limit: int,
+    step_id: int | None = None,
+    queue: str | None = None,
+    lease_seconds: int | None = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` due steps of one queue, ``step_id`` first if it can be.
+
+    The queue is ``queue``, or else the named step's. Nothing is claimed in a paused queue.
+    """
+    lease = lease_seconds or settings.TASKS_LEASE_SECONDS
+    if connection.vendor != "postgresql":
+        return _claim_batch_one_by_one(worker_id, limit, step_id, queue, lease)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            CLAIM_SQL,
+            {
+                "queue": queue,
+                "step": step_id,
+                "more": max(limit - (1 if step_id is not None else 0), 0),
+                "lease": lease,
+                "worker": worker_id,
+                "actor": f"worker:{worker_id}",
+            },
+        )
+        rows = cursor.fetchall()
+    return [
+        Claim(
+            step_id=pk,
+            task_id=task_id,
+            token=token,
+            attempt=attempts,
+            worker_id=worker_id,
+            lease_seconds=lease,
+            queue=step_queue,
+        )
+        for pk, task_id, step_queue, attempts, token in rows
+    ]
+
+
+def _claim_batch_one_by_one(
+    worker_id: str, limit: int, step_id: int | None, queue: str | None, lease: int
+) -> list[Claim]:
+    if queue is None and step_id is not None:
+        queue = Step.objects.filter(pk=step_id).values_list("queue", flat=True).first()
+    if queue is None:
+        return []
+    due = Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=Now())
+    if step_id is not None:
+        due = due.exclude(pk=step_id)
+    candidates = list(
+        due.order_by("-priority", "available_at").values_list("pk", flat=True)[:limit]
+    )
+    if step_id is not None:
+        candidates.insert(0, step_id)
+    claims = []
+    for pk in candidates[:limit]:
+        claim = services.claim_step(pk, worker_id=worker_id, lease_seconds=lease)
+        if claim is not None:
+            claims.append(claim)
+    return claims
+
+
+def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
+    """Record the results of many claimed steps; returns the ids accepted.
+
+    A claim that no longer holds its step is refused and recorded as
+    ``stale_write_rejected``, exactly as :func:`services.complete_step` does.
+    """
+    if not done:
+        return set()
+    if connection.vendor != "postgresql":
+        return {claim.step_id for claim, result in done if services.complete_step(claim, result)}
+    worker_ids = {claim.worker_id for claim, _ in done}
+    actor = f"worker:{worker_ids.pop()}" if len(worker_ids) == 1 else "worker:batch"
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in done})])
+        cursor.execute(
+            COMPLETE_SQL,
+            {
+                "ids": [claim.step_id for claim, _ in done],
+                "tokens": [claim.token for claim, _ in done],
+                "results": [json.dumps(result, allow_nan=False) for _, result in done],
+                "actor": actor,
+            },
+        )
+        rows = cursor.fetchall()
+        accepted = {pk for what, pk, _ in rows if what == "done"}
+        ring_on_commit([Doorbell(pk, queue) for what, pk, queue in rows if what == "next"])
+    for claim, _ in done:
+        if claim.step_id not in accepted:
+            services.reject_stale(claim, "complete")
+    return accepted
+
+
+def queue_has_due_steps(queue: str) -> bool:
+    return (
+        Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=Now())
+        .exclude(queue__in=services.paused_queues())
+        .exists()
+    )
