@@ -14,17 +14,35 @@ its tasks in id order before touching their steps.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from . import services
 from .dispatch import Doorbell, ring_on_commit
-from .models import Step, StepStatus
+from .models import Step, StepStatus, Task, TaskStatus
 from .services import Claim
+
+if TYPE_CHECKING:
+    from .services import PreparedItem
+
+
+@contextmanager
+def _cursor() -> Iterator[psycopg.Cursor[Any]]:
+    """A psycopg cursor with server-side parameter binding on Django's connection.
+
+    Arrays of thousands of values are sent as parameters instead of being quoted into the
+    statement text, and statements run often are prepared by psycopg.
+    """
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        yield cursor
+
 
 # One statement: pick due steps (the named one first) with their task rows, skipping rows
 # another transaction holds; mark them running with a raised token; write their leases,
@@ -47,14 +65,18 @@ WITH target AS (
     WHERE s.queue = (SELECT queue FROM open_queue) AND s.status = 'pending'
       AND s.available_at <= statement_timestamp() AND s.id IS DISTINCT FROM %(step)s
     ORDER BY s.priority DESC, s.available_at
-    LIMIT %(more)s
+    LIMIT %(limit)s
     FOR UPDATE OF s, t SKIP LOCKED
+), picked AS (
+    -- The named step first; when it cannot be claimed, its place goes to another.
+    SELECT id FROM (SELECT id, 0 AS rank FROM named UNION ALL SELECT id, 1 FROM more) AS c
+    ORDER BY rank LIMIT %(limit)s
 ), claimed AS (
     UPDATE tasks_app_step s
     SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,
         lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
         started_at = statement_timestamp()
-    WHERE s.id IN (SELECT id FROM named UNION ALL SELECT id FROM more)
+    WHERE s.id IN (SELECT id FROM picked)
     RETURNING s.id, s.task_id, s.queue, s.attempts, s.fencing_token, s.lease_expires_at
 ), leases AS (
     INSERT INTO tasks_app_lease (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
@@ -157,13 +179,13 @@ def claim_batch(
     lease = lease_seconds or settings.TASKS_LEASE_SECONDS
     if connection.vendor != "postgresql":
         return _claim_batch_one_by_one(worker_id, limit, step_id, queue, lease)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), _cursor() as cursor:
         cursor.execute(
             CLAIM_SQL,
             {
                 "queue": queue,
                 "step": step_id,
-                "more": max(limit - (1 if step_id is not None else 0), 0),
+                "limit": limit,
                 "lease": lease,
                 "worker": worker_id,
                 "actor": f"worker:{worker_id}",
@@ -200,10 +222,12 @@ def _claim_batch_one_by_one(
     if step_id is not None:
         candidates.insert(0, step_id)
     claims = []
-    for pk in candidates[:limit]:
+    for pk in candidates:
         claim = services.claim_step(pk, worker_id=worker_id, lease_seconds=lease)
         if claim is not None:
             claims.append(claim)
+        if len(claims) == limit:
+            break
     return claims
 
 
@@ -219,7 +243,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
         return {claim.step_id for claim, result in done if services.complete_step(claim, result)}
     worker_ids = {claim.worker_id for claim, _ in done}
     actor = f"worker:{worker_ids.pop()}" if len(worker_ids) == 1 else "worker:batch"
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), _cursor() as cursor:
         cursor.execute(LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in done})])
         cursor.execute(
             COMPLETE_SQL,
@@ -245,3 +269,121 @@ def queue_has_due_steps(queue: str) -> bool:
         .exclude(queue__in=services.paused_queues())
         .exists()
     )
+
+
+# One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
+# enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.
+# Ids are drawn first so every row maps back to its item, and rows go in key order so two
+# batches sharing keys queue on them in one order instead of deadlocking.
+INSERT_SQL = """
+WITH input AS (
+    SELECT i.*, nextval(pg_get_serial_sequence('tasks_app_task', 'id')) AS id
+    FROM unnest(
+        %(ord)s::int[], %(workflow)s::text[], %(version)s::int[], %(payload)s::jsonb[],
+        %(hash)s::text[], %(key)s::text[], %(queue)s::text[], %(priority)s::int[],
+        %(run_after)s::timestamptz[]
+    ) AS i(ord, workflow, version, payload, hash, key, queue, priority, run_after)
+), spec AS (
+    SELECT * FROM unnest(%(s_ord)s::int[], %(s_position)s::int[], %(s_kind)s::text[], %(s_max)s::int[])
+        AS s(ord, position, kind, max_attempts)
+), tasks AS (
+    INSERT INTO tasks_app_task (id, workflow, workflow_version, payload, payload_hash, idempotency_key,
+                                queue, priority, status, created_by, created_by_user_id,
+                                created_at, updated_at, finished_at, cancel_requested_at)
+    SELECT id, workflow, version, payload, hash, key, queue, priority, 'pending', %(author)s, %(user)s,
+           statement_timestamp(), statement_timestamp(), NULL, NULL
+    FROM input ORDER BY key, ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, created_at
+), steps AS (
+    INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, priority, attempts,
+                                max_attempts, available_at, idempotency_key, fencing_token,
+                                lease_expires_at, dispatched_at, result, last_error, error_class,
+                                started_at, finished_at)
+    SELECT t.id, s.position, 0, s.kind, CASE WHEN s.position = 0 THEN 'pending' ELSE 'blocked' END,
+           i.queue, i.priority, 0, s.max_attempts,
+           CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
+           COALESCE(i.key, 'task-' || t.id) || ':' || s.position || ':' || s.kind, 0,
+           NULL, CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
+           NULL, '', '', NULL, NULL
+    FROM tasks t JOIN input i ON i.id = t.id JOIN spec s ON s.ord = i.ord
+    ORDER BY t.id, s.position
+    RETURNING id, task_id, position, status, available_at
+), states AS (
+    SELECT task_id, jsonb_object_agg(id::text, jsonb_build_array(status, 0, 0)) AS steps,
+           min(id) FILTER (WHERE position = 0) AS first_step,
+           min(available_at) FILTER (WHERE position = 0) AS available_at
+    FROM steps GROUP BY task_id
+), events AS (
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT t.id, NULL, 'enqueued', %(author)s, %(user)s, '',
+           jsonb_build_object('workflow', i.workflow, 'version', i.version, 'queue', i.queue,
+                              'payload_hash', i.hash, 'steps', st.steps),
+           t.created_at
+    FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
+    ORDER BY t.id
+)
+SELECT i.ord, t.id, t.created_at, st.first_step, st.available_at
+FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
+"""
+
+
+def insert_tasks(
+    items: Sequence[tuple[int, PreparedItem]], *, author: str, user_id: int | None
+) -> dict[int, Task]:
+    """Create tasks for the items whose keys are free; returns them by item index."""
+    if not items:
+        return {}
+    by_index = dict(items)
+    params: dict[str, Any] = {
+        "ord": [index for index, _ in items],
+        "workflow": [item.workflow.name for _, item in items],
+        "version": [item.workflow.version for _, item in items],
+        "payload": [json.dumps(item.payload, ensure_ascii=False) for _, item in items],
+        "hash": [item.payload_hash for _, item in items],
+        "key": [item.idempotency_key for _, item in items],
+        "queue": [item.queue for _, item in items],
+        "priority": [item.priority for _, item in items],
+        "run_after": [item.run_after for _, item in items],
+        "s_ord": [],
+        "s_position": [],
+        "s_kind": [],
+        "s_max": [],
+        "author": author,
+        "user": user_id,
+    }
+    for index, item in items:
+        for position, spec in enumerate(item.workflow.steps):
+            params["s_ord"].append(index)
+            params["s_position"].append(position)
+            params["s_kind"].append(spec.kind)
+            params["s_max"].append(spec.max_attempts)
+    with _cursor() as cursor:
+        cursor.execute(INSERT_SQL, params)
+        rows = cursor.fetchall()
+    created: dict[int, Task] = {}
+    bells: list[Doorbell] = []
+    for index, pk, created_at, first_step, available_at in rows:
+        item = by_index[index]
+        task = Task(
+            id=pk,
+            workflow=item.workflow.name,
+            workflow_version=item.workflow.version,
+            payload=item.payload,
+            payload_hash=item.payload_hash,
+            idempotency_key=item.idempotency_key,
+            queue=item.queue,
+            priority=item.priority,
+            status=TaskStatus.PENDING,
+            created_by=author,
+            created_by_user_id=user_id,
+            created_at=created_at,
+            updated_at=created_at,
+        )
+        task._state.adding = False
+        task._state.db = connection.alias
+        created[index] = task
+        countdown = max((available_at - created_at).total_seconds(), 0.0)
+        bells.append(Doorbell(first_step, item.queue, countdown))
+    ring_on_commit(bells)
+    return created

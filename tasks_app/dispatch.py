@@ -31,8 +31,22 @@ class Doorbell:
 
 
 def ring_on_commit(doorbells: list[Doorbell]) -> None:
-    if doorbells:
-        transaction.on_commit(lambda: publish(doorbells), robust=True)
+    """Publish after commit, one doorbell per queue for the steps due now.
+
+    A worker woken by a doorbell drains every due step of its queue (and recruits another
+    worker while there is more), so ringing once per queue is enough; the first step named
+    is run first. Doorbells for later (retries with a countdown) are kept one by one.
+    """
+    bells: list[Doorbell] = []
+    rung: set[str] = set()
+    for bell in doorbells:
+        if bell.countdown > 0:
+            bells.append(bell)
+        elif bell.queue not in rung:
+            rung.add(bell.queue)
+            bells.append(bell)
+    if bells:
+        transaction.on_commit(lambda: publish(bells), robust=True)
 
 
 def publish(doorbells: list[Doorbell]) -> None:

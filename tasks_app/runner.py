@@ -42,26 +42,39 @@ def worker_id() -> str:
 @dataclass
 class _Watched:
     claim: services.Claim
+    renewed_at: float
     ctx: StepContext | None = None
     deadline: float | None = None
 
 
-class Heartbeat(threading.Thread):
-    """Renews the leases of a batch of claims while their handlers run, on its own
-    database connection.
+class LeaseKeeper:
+    """Renews the leases of the claims this process holds, from one background thread
+    with its own database connection.
 
-    It tells each handler (through its context) when the task was cancelled or the lease
-    was lost, and stops renewing a step once its timeout has passed, so a hung handler's
-    lease runs out and the sweeper hands the step to another attempt.
+    Each lease is renewed once a third of it has passed. The keeper tells a handler
+    (through its context) when its task was cancelled or its lease was lost, and stops
+    renewing a step once its timeout has passed, so a hung handler's lease runs out and
+    the sweeper hands the step to another attempt. The thread is started on first use in
+    each process (Celery's prefork children included) and lives as long as the process.
     """
 
-    def __init__(self, claims: Sequence[services.Claim]) -> None:
-        super().__init__(name="heartbeat", daemon=True)
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._watched = {claim.step_id: _Watched(claim) for claim in claims}
-        lease = min((claim.lease_seconds for claim in claims), default=30)
-        self.interval = max(lease / 3, 0.05)
-        self._stop_event = threading.Event()
+        self._watched: dict[int, _Watched] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def watch(self, claims: Sequence[services.Claim]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for claim in claims:
+                self._watched[claim.step_id] = _Watched(claim, renewed_at=now)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+                self._thread.start()
+        self._wake.set()
 
     def started(self, claim: services.Claim, ctx: StepContext, timeout: float | None) -> None:
         with self._lock:
@@ -74,15 +87,25 @@ class Heartbeat(threading.Thread):
         with self._lock:
             self._watched.pop(claim.step_id, None)
 
-    def run(self) -> None:
-        try:
-            while not self._stop_event.wait(self.interval):
-                with self._lock:
-                    watched = list(self._watched.values())
-                for item in watched:
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                watched = list(self._watched.values())
+            now = time.monotonic()
+            wait = 1.0
+            beats = 0
+            for item in watched:
+                due = item.renewed_at + item.claim.lease_seconds / 3
+                if now >= due:
                     self._beat(item)
-        finally:
-            connections.close_all()
+                    beats += 1
+                    due = item.renewed_at + item.claim.lease_seconds / 3
+                wait = min(wait, max(due - time.monotonic(), 0.01))
+            if beats:
+                # Renewals are seconds apart: hold no connection in between.
+                connections.close_all()
+            self._wake.wait(wait)
+            self._wake.clear()
 
     def _beat(self, item: _Watched) -> None:
         if item.deadline is not None and time.monotonic() > item.deadline:
@@ -93,7 +116,9 @@ class Heartbeat(threading.Thread):
             beat = services.heartbeat(item.claim)
         except Exception:
             logger.exception("heartbeat failed for step %s", item.claim.step_id)
+            connections["default"].close_if_unusable_or_obsolete()
             return
+        item.renewed_at = time.monotonic()
         if item.ctx is not None and beat.cancel_requested:
             item.ctx._cancelled.set()
         if not beat.alive:
@@ -101,9 +126,8 @@ class Heartbeat(threading.Thread):
                 item.ctx._lease_lost.set()
             self.forget(item.claim)
 
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=10)
+
+lease_keeper = LeaseKeeper()
 
 
 def _error_text(exc: BaseException) -> str:
@@ -133,25 +157,25 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
 
     Failures are recorded as they happen; successes are recorded together at the end in
     one transaction (:func:`batch.complete_many`), each still fenced by its token. The
-    heartbeat keeps every lease of the batch alive until then.
+    lease keeper keeps every lease of the batch alive until then.
     """
     if not claims:
         return
     rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
-    heartbeat = Heartbeat(claims)
-    heartbeat.start()
+    lease_keeper.watch(claims)
     succeeded: list[tuple[services.Claim, Any]] = []
     try:
         for claim in claims:
-            result = _run_one(claim, rows[claim.step_id], heartbeat)
+            result = _run_one(claim, rows[claim.step_id])
             if result is not _FAILED:
                 succeeded.append((claim, result))
         batch.complete_many(succeeded)
     finally:
-        heartbeat.stop()
+        for claim in claims:
+            lease_keeper.forget(claim)
 
 
-def _run_one(claim: services.Claim, step: Step, heartbeat: Heartbeat) -> Any:
+def _run_one(claim: services.Claim, step: Step) -> Any:
     """Run one handler; returns its result, or ``_FAILED`` once the failure is recorded.
 
     1. Find the workflow version the task was enqueued under; if it is gone, or the step's
@@ -170,7 +194,7 @@ def _run_one(claim: services.Claim, step: Step, heartbeat: Heartbeat) -> Any:
             f"workflow {task.workflow} v{task.workflow_version} is not registered on this worker",
             "incompatible_version",
         )
-        heartbeat.forget(claim)
+        lease_keeper.forget(claim)
         return _FAILED
     spec = flow.step(step.position)
     if spec is None or spec.kind != step.kind:
@@ -180,7 +204,7 @@ def _run_one(claim: services.Claim, step: Step, heartbeat: Heartbeat) -> Any:
             f"step kind {step.kind!r} is not registered",
             "unknown_step_kind",
         )
-        heartbeat.forget(claim)
+        lease_keeper.forget(claim)
         return _FAILED
 
     earlier: dict[str, Any] = {}
@@ -201,7 +225,7 @@ def _run_one(claim: services.Claim, step: Step, heartbeat: Heartbeat) -> Any:
         effects=Effects(step_id=step.pk, step_key=step.idempotency_key, fencing_token=claim.token),
         timeout=spec.timeout,
     )
-    heartbeat.started(claim, ctx, spec.timeout)
+    lease_keeper.started(claim, ctx, spec.timeout)
     try:
         result = spec.handler(ctx)
     except LeaseLost as exc:
@@ -222,7 +246,7 @@ def _run_one(claim: services.Claim, step: Step, heartbeat: Heartbeat) -> Any:
             _dead(claim, "invalid_result", f"handler result is not JSON: {exc}", "permanent_error")
         else:
             return result
-    heartbeat.forget(claim)
+    lease_keeper.forget(claim)
     return _FAILED
 
 
@@ -242,7 +266,8 @@ def drain(step_id: int) -> int:
     Batches start at one step and double while steps are quick (up to
     ``TASKS_CLAIM_BATCH``), so slow handlers are not hoarded by one worker. After
     ``TASKS_DRAIN_SECONDS`` the worker rings for the rest and returns, so one message
-    never holds a worker for long. Returns how many steps were run.
+    never holds a worker for long. A drain whose first batch is full rings once more, so
+    a burst recruits workers one after another. Returns how many steps were run.
     """
     worker = worker_id()
     deadline = time.monotonic() + settings.TASKS_DRAIN_SECONDS
@@ -253,6 +278,9 @@ def drain(step_id: int) -> int:
         claims = batch.claim_batch(worker_id=worker, limit=size, step_id=named, queue=queue)
         if not claims:
             return ran
+        if named is not None and len(claims) == size:
+            # A full first batch: there is likely more, so wake one more worker to help.
+            ring_on_commit([Doorbell(claims[-1].step_id, claims[0].queue)])
         queue, named = claims[0].queue, None
         began = time.monotonic()
         run_batch(claims)

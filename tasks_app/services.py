@@ -157,7 +157,7 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True)
-class _Prepared:
+class PreparedItem:
     workflow: Workflow
     payload: dict[str, Any]
     payload_hash: str
@@ -181,7 +181,7 @@ def _prepare(
     priority: Any = 0,
     run_after: Any = None,
     prefix: str = "",
-) -> _Prepared:
+) -> PreparedItem:
     def named(exc: InvalidInput) -> InvalidInput:
         if prefix:
             exc.field = prefix + exc.field
@@ -195,7 +195,7 @@ def _prepare(
         canonical = validation.validate_payload(payload)
         if flow.validate_payload is not None:
             flow.validate_payload(payload)
-        return _Prepared(
+        return PreparedItem(
             workflow=flow,
             # The stored payload is exactly what the canonical form says.
             payload=json.loads(canonical),
@@ -250,66 +250,101 @@ def enqueue_many(items: Sequence[dict[str, Any]], *, actor: Actor = None) -> lis
     return _enqueue_prepared(prepared, actor)
 
 
-def _enqueue_prepared(items: list[_Prepared], actor: Actor) -> list[EnqueueResult]:
-    # A concurrent enqueue of the same key makes our insert fail on the unique constraint;
-    # the savepoint is rolled back and the next round finds the committed task.
+def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueResult]:
+    # On PostgreSQL one item outside a transaction is one statement in autocommit: it
+    # either inserts the task with its steps and event, or finds the key taken and writes
+    # nothing, so there is nothing to make atomic.
+    alone = len(items) == 1 and connection.vendor == "postgresql"
     for round_ in range(3):
         try:
-            with transaction.atomic():
+            if alone and not connection.in_atomic_block:
                 results, duplicates = _insert(items, actor)
+            else:
+                with transaction.atomic():
+                    results, duplicates = _insert(items, actor)
             break
         except IdempotencyConflict:
             # Counted once the enqueue's transaction is gone: the only write it makes.
             bump_counter("idempotency_conflict")
             raise
         except IntegrityError:
+            # A concurrent enqueue of the same key won the unique constraint (SQLite path):
+            # the savepoint is rolled back and the next round finds the committed task.
             if round_ == 2:
                 raise
     bump_counter("enqueue_duplicate", duplicates)
     return results
 
 
-def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], int]:
+def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult], int]:
+    """Create the tasks of ``items`` whose keys are free; the others return the task that
+    holds their key, or raise :class:`IdempotencyConflict` if it differs.
+
+    1. Within the batch, the first item with a key is the one created; later items with
+       that key must match it.
+    2. Create: on PostgreSQL one statement that skips keys already taken (``ON CONFLICT DO
+       NOTHING``, so a concurrent enqueue of the same key waits and then skips); on SQLite
+       the ORM after looking the keys up.
+    3. Compare the items whose key was taken with the task that holds it.
+    """
     author, user_id = _actor_fields(actor)
-    keys = [item.idempotency_key for item in items if item.idempotency_key]
-    existing = {t.idempotency_key: t for t in Task.objects.filter(idempotency_key__in=keys)}
-    results: list[EnqueueResult | None] = []
-    fresh: list[tuple[int, _Prepared]] = []
-    claimed_in_batch: dict[str, _Prepared] = {}
-    duplicates = 0
+    firsts: dict[str, int] = {}
+    unique: list[tuple[int, PreparedItem]] = []
     for index, item in enumerate(items):
         key = item.idempotency_key
-        known = existing.get(key) if key else None
-        if known is not None:
-            if known.workflow != item.workflow.name or known.payload_hash != item.payload_hash:
-                raise IdempotencyConflict(key or "", known.pk)
-            results.append(EnqueueResult(known, created=False))
-            duplicates += 1
-            continue
-        if key and key in claimed_in_batch:
-            earlier = claimed_in_batch[key]
+        if key and key in firsts:
+            earlier = items[firsts[key]]
             if (earlier.workflow.name, earlier.payload_hash) != (
                 item.workflow.name,
                 item.payload_hash,
             ):
                 raise IdempotencyConflict(key, None)
-            results.append(None)  # filled in with the first item's task below
-            duplicates += 1
-            fresh.append((index, item))
             continue
         if key:
-            claimed_in_batch[key] = item
-        results.append(None)
-        fresh.append((index, item))
+            firsts[key] = index
+        unique.append((index, item))
 
-    now = db_now()
-    new_tasks: dict[str, Task] = {}
-    to_create: list[tuple[int, _Prepared, Task]] = []
-    for index, item in fresh:
-        if item.idempotency_key and item.idempotency_key in new_tasks:
-            results[index] = EnqueueResult(new_tasks[item.idempotency_key], created=False)
+    if connection.vendor == "postgresql":
+        from .batch import insert_tasks
+
+        created = insert_tasks(unique, author=author, user_id=user_id)
+    else:
+        created = _insert_with_orm(unique, author=author, user_id=user_id)
+
+    taken = [item.idempotency_key for index, item in unique if index not in created]
+    holders = {t.idempotency_key: t for t in Task.objects.filter(idempotency_key__in=taken)}
+    results: list[EnqueueResult] = []
+    duplicates = 0
+    for index, item in enumerate(items):
+        if index in created:
+            results.append(EnqueueResult(created[index], created=True))
             continue
-        task = Task(
+        key = item.idempotency_key or ""
+        known = created.get(firsts[key]) if key in firsts else None
+        if known is None:
+            known = holders.get(key)
+            if known is None:
+                # The holder vanished between the insert and this read: start again.
+                raise IntegrityError(f"idempotency key {key!r} changed hands; retrying")
+            if known.workflow != item.workflow.name or known.payload_hash != item.payload_hash:
+                raise IdempotencyConflict(key, known.pk)
+        results.append(EnqueueResult(known, created=False))
+        duplicates += 1
+    return results, duplicates
+
+
+def _insert_with_orm(
+    unique: list[tuple[int, PreparedItem]], *, author: str, user_id: int | None
+) -> dict[int, Task]:
+    keys = [item.idempotency_key for _, item in unique if item.idempotency_key]
+    taken = set(
+        Task.objects.filter(idempotency_key__in=keys).values_list("idempotency_key", flat=True)
+    )
+    fresh = [(index, item) for index, item in unique if item.idempotency_key not in taken]
+    now = db_now()
+    created: dict[int, Task] = {}
+    for index, item in fresh:
+        created[index] = Task(
             workflow=item.workflow.name,
             workflow_version=item.workflow.version,
             payload=item.payload,
@@ -321,18 +356,11 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
             created_by=author,
             created_by_user_id=user_id,
         )
-        to_create.append((index, item, task))
-        if item.idempotency_key:
-            new_tasks[item.idempotency_key] = task
-    # Keys are inserted in sorted order: two batches sharing keys then queue on the unique
-    # index in one order (the later one fails, retries and finds the tasks) instead of each
-    # holding a key the other waits for, a deadlock.
-    Task.objects.bulk_create(
-        sorted((task for _, _, task in to_create), key=lambda task: task.idempotency_key or "")
-    )
+    Task.objects.bulk_create(list(created.values()))
 
     steps: list[Step] = []
-    for _, item, task in to_create:
+    for index, item in fresh:
+        task = created[index]
         for position, spec in enumerate(item.workflow.steps):
             first = position == 0
             steps.append(
@@ -355,14 +383,13 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
     by_task: dict[int, list[Step]] = {}
     for step in steps:
         by_task.setdefault(step.task_id, []).append(step)
-    name, user = _actor_fields(actor)
     Event.objects.bulk_create(
         [
             Event(
                 task_id=task.pk,
                 kind=EventKind.ENQUEUED,
-                actor=name,
-                actor_user_id=user,
+                actor=author,
+                actor_user_id=user_id,
                 data={
                     "workflow": task.workflow,
                     "version": task.workflow_version,
@@ -371,11 +398,9 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
                     "steps": {str(s.pk): _state(s) for s in by_task[task.pk]},
                 },
             )
-            for _, _, task in to_create
+            for task in created.values()
         ]
     )
-    for index, _, task in to_create:
-        results[index] = EnqueueResult(task, created=True)
     ring_on_commit(
         [
             Doorbell(s.pk, s.queue, max((s.available_at - now).total_seconds(), 0.0))
@@ -383,9 +408,7 @@ def _insert(items: list[_Prepared], actor: Actor) -> tuple[list[EnqueueResult], 
             if s.status == StepStatus.PENDING and s.available_at is not None
         ]
     )
-    final = [result for result in results if result is not None]
-    assert len(final) == len(items)
-    return final, duplicates
+    return created
 
 
 def get_task(*, idempotency_key: str) -> Task | None:
