@@ -312,7 +312,11 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
         created = _insert_with_orm(unique, author=author, user_id=user_id)
 
     taken = [item.idempotency_key for index, item in unique if index not in created]
-    holders = {t.idempotency_key: t for t in Task.objects.filter(idempotency_key__in=taken)}
+    holders = (
+        {t.idempotency_key: t for t in Task.objects.filter(idempotency_key__in=taken)}
+        if taken
+        else {}
+    )
     results: list[EnqueueResult] = []
     duplicates = 0
     for index, item in enumerate(items):
