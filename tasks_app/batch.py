@@ -77,7 +77,8 @@ WITH target AS (
         lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
         started_at = statement_timestamp()
     WHERE s.id IN (SELECT id FROM picked)
-    RETURNING s.id, s.task_id, s.queue, s.attempts, s.fencing_token, s.lease_expires_at
+    RETURNING s.id, s.task_id, s.queue, s.attempts, s.fencing_token, s.lease_expires_at,
+              s.priority, s.available_at
 ), leases AS (
     INSERT INTO tasks_app_lease (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
     SELECT id, fencing_token, %(worker)s, statement_timestamp(), lease_expires_at, NULL, ''
@@ -95,7 +96,8 @@ WITH target AS (
     UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
     FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
 )
-SELECT id, task_id, queue, attempts, fencing_token FROM claimed ORDER BY id = %(step)s DESC, id
+SELECT id, task_id, queue, attempts, fencing_token FROM claimed
+ORDER BY id = %(step)s DESC, priority DESC, available_at, id
 """
 
 LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
@@ -105,8 +107,8 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 # requested), task status settled, and one `succeeded` event per step (plus `cancelled`).
 COMPLETE_SQL = """
 WITH input AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[])
-        AS i(id, token, result)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[], %(actors)s::text[])
+        AS i(id, token, result, actor)
 ), done AS (
     UPDATE tasks_app_step s
     SET status = 'succeeded', result = i.result, finished_at = statement_timestamp(),
@@ -139,7 +141,7 @@ WITH input AS (
     INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
     SELECT task_id, step_id, kind, actor, NULL, reason, data, statement_timestamp()
     FROM (
-        SELECT done.task_id, done.id AS step_id, 'succeeded' AS kind, %(actor)s AS actor,
+        SELECT done.task_id, done.id AS step_id, 'succeeded' AS kind, i.actor,
                '' AS reason, 0 AS ord,
                jsonb_build_object(
                    'steps',
@@ -150,7 +152,8 @@ WITH input AS (
                    ) END,
                    'token', done.fencing_token, 'task_status', settled.status
                ) AS data
-        FROM done JOIN settled ON settled.id = done.task_id LEFT JOIN nxt ON nxt.task_id = done.task_id
+        FROM done JOIN input i ON i.id = done.id JOIN settled ON settled.id = done.task_id
+             LEFT JOIN nxt ON nxt.task_id = done.task_id
         UNION ALL
         SELECT settled.id, NULL, 'cancelled', 'system', 'cancel requested while the step ran', 1,
                '{}'::jsonb
@@ -241,8 +244,6 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
         return set()
     if connection.vendor != "postgresql":
         return {claim.step_id for claim, result in done if services.complete_step(claim, result)}
-    worker_ids = {claim.worker_id for claim, _ in done}
-    actor = f"worker:{worker_ids.pop()}" if len(worker_ids) == 1 else "worker:batch"
     with transaction.atomic(), _cursor() as cursor:
         cursor.execute(LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in done})])
         cursor.execute(
@@ -251,7 +252,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
                 "ids": [claim.step_id for claim, _ in done],
                 "tokens": [claim.token for claim, _ in done],
                 "results": [json.dumps(result, allow_nan=False) for _, result in done],
-                "actor": actor,
+                "actors": [f"worker:{claim.worker_id}" for claim, _ in done],
             },
         )
         rows = cursor.fetchall()

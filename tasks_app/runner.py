@@ -60,6 +60,8 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Held while a renewal is in flight (re-entrant: a renewal may forget its claim).
+        self._renewing = threading.RLock()
         self._watched: dict[int, _Watched] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,7 +86,9 @@ class LeaseKeeper:
                 watched.deadline = time.monotonic() + timeout if timeout else None
 
     def forget(self, claim: services.Claim) -> None:
-        with self._lock:
+        """Stop renewing; waits for a renewal in flight, so none lands after the caller
+        goes on to record the step's outcome (it would be refused as a stale write)."""
+        with self._renewing, self._lock:
             self._watched.pop(claim.step_id, None)
 
     def _run(self) -> None:
@@ -97,7 +101,9 @@ class LeaseKeeper:
             for item in watched:
                 due = item.renewed_at + item.claim.lease_seconds / 3
                 if now >= due:
-                    self._beat(item)
+                    with self._renewing:
+                        if item.claim.step_id in self._watched:
+                            self._beat(item)
                     beats += 1
                     due = item.renewed_at + item.claim.lease_seconds / 3
                 wait = min(wait, max(due - time.monotonic(), 0.01))
@@ -139,6 +145,7 @@ def _error_class(exc: BaseException) -> str:
 
 
 def _dead(claim: services.Claim, error_class: str, message: str, reason: str) -> None:
+    lease_keeper.forget(claim)
     services.fail_step(
         claim, error_class=error_class, message=message, retry_in=None, reason=reason
     )
@@ -169,10 +176,10 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
             result = _run_one(claim, rows[claim.step_id])
             if result is not _FAILED:
                 succeeded.append((claim, result))
-        batch.complete_many(succeeded)
     finally:
         for claim in claims:
             lease_keeper.forget(claim)
+    batch.complete_many(succeeded)
 
 
 def _run_one(claim: services.Claim, step: Step) -> Any:
@@ -194,7 +201,6 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
             f"workflow {task.workflow} v{task.workflow_version} is not registered on this worker",
             "incompatible_version",
         )
-        lease_keeper.forget(claim)
         return _FAILED
     spec = flow.step(step.position)
     if spec is None or spec.kind != step.kind:
@@ -204,7 +210,6 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
             f"step kind {step.kind!r} is not registered",
             "unknown_step_kind",
         )
-        lease_keeper.forget(claim)
         return _FAILED
 
     earlier: dict[str, Any] = {}
@@ -230,6 +235,7 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
         result = spec.handler(ctx)
     except LeaseLost as exc:
         logger.warning("step %s lost its lease: %s", step.pk, exc)
+        lease_keeper.forget(claim)
         services.fail_step(
             claim, error_class=_error_class(exc), message=str(exc), retry_in=0, reason=""
         )
@@ -246,11 +252,11 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
             _dead(claim, "invalid_result", f"handler result is not JSON: {exc}", "permanent_error")
         else:
             return result
-    lease_keeper.forget(claim)
     return _FAILED
 
 
 def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:
+    lease_keeper.forget(claim)
     services.fail_step(
         claim,
         error_class=_error_class(exc),
