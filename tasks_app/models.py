@@ -94,8 +94,6 @@ class Task(models.Model):
                 name="task_active_status_idx",
                 condition=Q(status__in=["pending", "running", "waiting_approval", "dead"]),
             ),
-            # Task list filtered by workflow, newest first.
-            models.Index(fields=["workflow", "-id"], name="task_workflow_idx"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -116,7 +114,8 @@ class Task(models.Model):
 
 
 class Step(models.Model):
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the (task, position, revision) constraint leads with task.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps", db_index=False)
     position = models.PositiveSmallIntegerField()
     revision = models.PositiveSmallIntegerField(default=0)
     kind = models.CharField(max_length=100)
@@ -177,7 +176,8 @@ class Lease(models.Model):
         EXPIRED = "expired"
         CANCELLED = "cancelled"
 
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="leases")
+    # No index of its own: the (step, token) constraint leads with step.
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="leases", db_index=False)
     token = models.PositiveBigIntegerField()
     worker_id = models.CharField(max_length=200)
     acquired_at = models.DateTimeField()
@@ -279,9 +279,18 @@ class Event(models.Model):
         indexes = [
             # A task's timeline, in order.
             models.Index(fields=["task_id", "id"], name="event_task_idx"),
-            # The audit log: operator actions by time and by actor.
-            models.Index(fields=["created_at"], name="event_created_idx"),
-            models.Index(fields=["actor", "created_at"], name="event_actor_idx"),
+            # The audit log: operator actions by time and by actor. Partial, so the many
+            # worker events (claimed, succeeded, ...) pay for neither index.
+            models.Index(
+                fields=["created_at"],
+                name="event_audit_created_idx",
+                condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
+            ),
+            models.Index(
+                fields=["actor", "created_at"],
+                name="event_audit_actor_idx",
+                condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
+            ),
         ]
 
     def __str__(self) -> str:
