@@ -116,6 +116,11 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Django's own cursors bind client-side and never prepare; this lets the task
+        # system's hot statements (tasks_app/batch.py) be prepared once per connection.
+        # Behind PgBouncer, use session pooling or its prepared-statement support.
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 else:
     DATABASES = {
         "default": {

@@ -193,6 +193,7 @@ def claim_batch(
                 "worker": worker_id,
                 "actor": f"worker:{worker_id}",
             },
+            prepare=True,
         )
         rows = cursor.fetchall()
     return [
@@ -245,7 +246,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
     if connection.vendor != "postgresql":
         return {claim.step_id for claim, result in done if services.complete_step(claim, result)}
     with transaction.atomic(), _cursor() as cursor:
-        cursor.execute(LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in done})])
+        cursor.execute(LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in done})], prepare=True)
         cursor.execute(
             COMPLETE_SQL,
             {
@@ -254,6 +255,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
                 "results": [json.dumps(result, allow_nan=False) for _, result in done],
                 "actors": [f"worker:{claim.worker_id}" for claim, _ in done],
             },
+            prepare=True,
         )
         rows = cursor.fetchall()
         accepted = {pk for what, pk, _ in rows if what == "done"}
@@ -360,7 +362,7 @@ def insert_tasks(
             params["s_kind"].append(spec.kind)
             params["s_max"].append(spec.max_attempts)
     with _cursor() as cursor:
-        cursor.execute(INSERT_SQL, params)
+        cursor.execute(INSERT_SQL, params, prepare=True)
         rows = cursor.fetchall()
     created: dict[int, Task] = {}
     bells: list[Doorbell] = []

@@ -1,14 +1,19 @@
 """Doorbells: messages that tell a worker some step may be due.
 
 A doorbell may be lost or delivered twice; the claim in the database decides. They are
-published after commit, so a rolled-back transaction rings nothing, and a broker that is
-down makes the publish fail fast and be logged while the enqueue stands: the sweeper
-re-dispatches due steps later.
+published after commit, from a background thread, so a rolled-back transaction rings
+nothing and a commit never waits on the broker; a broker that is down makes the publish
+fail fast and be logged while the enqueue stands: the sweeper re-dispatches due steps
+later.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import threading
+import time
 from dataclasses import dataclass
 
 from celery import current_app
@@ -31,22 +36,78 @@ class Doorbell:
 
 
 def ring_on_commit(doorbells: list[Doorbell]) -> None:
-    """Publish after commit, one doorbell per queue for the steps due now.
+    """Ring after commit: hand the doorbells to this process's publisher."""
+    if doorbells:
+        bells = list(doorbells)
+        transaction.on_commit(lambda: publisher.submit(bells), robust=True)
 
-    A worker woken by a doorbell drains every due step of its queue (and recruits another
-    worker while there is more), so ringing once per queue is enough; the first step named
-    is run first. Doorbells for later (retries with a countdown) are kept one by one.
+
+class Publisher:
+    """Publishes doorbells from a background thread, so a commit never waits on the broker.
+
+    Doorbells for steps due now are coalesced per queue: a worker woken by one drains every
+    due step of its queue (and recruits another worker while there is more), so one per
+    queue is enough, and a burst of enqueues rings a handful of times instead of once each.
+    Doorbells for later (retries with a countdown) are kept one by one. A publish that
+    fails is logged and dropped; the sweeper rings again for due steps. Pending doorbells
+    are flushed when the process exits.
     """
-    bells: list[Doorbell] = []
-    rung: set[str] = set()
-    for bell in doorbells:
-        if bell.countdown > 0:
-            bells.append(bell)
-        elif bell.queue not in rung:
-            rung.add(bell.queue)
-            bells.append(bell)
-    if bells:
-        transaction.on_commit(lambda: publish(bells), robust=True)
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+        atexit.register(self.flush, timeout=2.0)
+
+    def _reset(self) -> None:
+        # Also run in a forked child: the parent's thread and lock state do not carry over.
+        self._cond = threading.Condition()
+        self._due: dict[str, Doorbell] = {}
+        self._later: list[Doorbell] = []
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, doorbells: list[Doorbell]) -> None:
+        with self._cond:
+            for bell in doorbells:
+                if bell.countdown > 0:
+                    self._later.append(bell)
+                else:
+                    self._due.setdefault(bell.queue, bell)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="doorbells", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due and not self._later:
+                    self._cond.wait()
+                bells = [*self._due.values(), *self._later]
+                self._due.clear()
+                self._later.clear()
+                self._busy = True
+            try:
+                publish(bells)
+            except Exception as exc:
+                logger.warning(
+                    "could not ring %d doorbell(s); the sweeper will: %s", len(bells), exc
+                )
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every submitted doorbell was published (or failed); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._due or self._later or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
 
 
 def publish(doorbells: list[Doorbell]) -> None:
@@ -68,3 +129,6 @@ def publish(doorbells: list[Doorbell]) -> None:
                 producer=producer,
                 retry=False,
             )
+
+
+publisher = Publisher()

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db.models import F
 
+from tasks_app.dispatch import publisher
 from tasks_app.history import TaskState, fold
 from tasks_app.models import Step, Task
 
@@ -98,6 +99,7 @@ class BrokerView:
         self.client = redis.Redis.from_url(settings.REDIS_URL)
 
     def step_ids(self, queue: str = "default") -> list[int]:
+        assert publisher.flush(), "doorbells still unpublished after 5 s"
         ids = []
         raws = cast(list[bytes], self.client.lrange(f"{BROKER_PREFIX}{queue}", 0, -1))
         for raw in raws:
