@@ -247,6 +247,11 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
+# Celery's Django fixup closes the database connection around every task unless this is
+# set; a worker then pays a new connection (and loses its prepared statements) per message.
+# Connections are instead checked before each task the way Django does per request
+# (config/celery.py): closed when broken or older than CONN_MAX_AGE.
+CELERY_DB_REUSE_MAX = 1_000_000
 # A worker started without -Q consumes every queue here, the maintenance queue included.
 CELERY_TASK_QUEUES = [Queue(name) for name in [*TASKS_QUEUES, TASKS_MAINTENANCE_QUEUE]]
 CELERY_TASK_DEFAULT_QUEUE = TASKS_QUEUES[0]

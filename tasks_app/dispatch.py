@@ -26,6 +26,9 @@ RUN_STEP = "tasks_app.tasks.run_step"
 # unacknowledged in a worker for long (Redis would re-deliver it after its visibility
 # timeout).
 MAX_COUNTDOWN = 60.0
+# Doorbells submitted closer together than this are a burst: published from the background
+# thread and coalesced, instead of one by one in the committing thread.
+BURST_SECONDS = 0.002
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,23 @@ class Doorbell:
 
 
 def ring_on_commit(doorbells: list[Doorbell]) -> None:
-    """Ring after commit: hand the doorbells to this process's publisher."""
-    if doorbells:
-        bells = list(doorbells)
+    """Ring after commit, once per queue for the steps due now (see :class:`Publisher`)."""
+    bells = coalesce(doorbells)
+    if bells:
         transaction.on_commit(lambda: publisher.submit(bells), robust=True)
+
+
+def coalesce(doorbells: list[Doorbell]) -> list[Doorbell]:
+    """Keep the first doorbell of each queue among those due now, and every later one."""
+    kept: list[Doorbell] = []
+    rung: set[str] = set()
+    for bell in doorbells:
+        if bell.countdown > 0:
+            kept.append(bell)
+        elif bell.queue not in rung:
+            rung.add(bell.queue)
+            kept.append(bell)
+    return kept
 
 
 class Publisher:
@@ -64,9 +80,21 @@ class Publisher:
         self._due: dict[str, Doorbell] = {}
         self._later: list[Doorbell] = []
         self._busy = False
+        self._last = 0.0
         self._thread: threading.Thread | None = None
 
     def submit(self, doorbells: list[Doorbell]) -> None:
+        """Publish now, in this thread, when doorbells come one at a time (the quickest way
+        to a worker); hand them to the background thread during a burst."""
+        now = time.monotonic()
+        with self._cond:
+            burst = bool(self._busy or self._due or self._later or now - self._last < BURST_SECONDS)
+            self._last = now
+            if not burst:
+                self._busy = True
+        if not burst:
+            self._publish(doorbells)
+            return
         with self._cond:
             for bell in doorbells:
                 if bell.countdown > 0:
@@ -87,16 +115,17 @@ class Publisher:
                 self._due.clear()
                 self._later.clear()
                 self._busy = True
-            try:
-                publish(bells)
-            except Exception as exc:
-                logger.warning(
-                    "could not ring %d doorbell(s); the sweeper will: %s", len(bells), exc
-                )
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+            self._publish(bells)
+
+    def _publish(self, bells: list[Doorbell]) -> None:
+        try:
+            publish(bells)
+        except Exception as exc:
+            logger.warning("could not ring %d doorbell(s); the sweeper will: %s", len(bells), exc)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every submitted doorbell was published (or failed); False on timeout."""

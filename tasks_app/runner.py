@@ -272,21 +272,23 @@ def drain(step_id: int) -> int:
     Batches start at one step and double while steps are quick (up to
     ``TASKS_CLAIM_BATCH``), so slow handlers are not hoarded by one worker. After
     ``TASKS_DRAIN_SECONDS`` the worker rings for the rest and returns, so one message
-    never holds a worker for long. A drain whose first batch is full rings once more, so
-    a burst recruits workers one after another. Returns how many steps were run.
+    never holds a worker for long. A drain that finds a backlog (a full batch past the
+    first) rings once more, so a burst recruits workers one after another. Returns how
+    many steps were run.
     """
     worker = worker_id()
     deadline = time.monotonic() + settings.TASKS_DRAIN_SECONDS
-    size, ran = 1, 0
+    size, ran, recruited = 1, 0, False
     queue: str | None = None
     named: int | None = step_id
     while True:
         claims = batch.claim_batch(worker_id=worker, limit=size, step_id=named, queue=queue)
         if not claims:
             return ran
-        if named is not None and len(claims) == size:
-            # A full first batch: there is likely more, so wake one more worker to help.
+        if not recruited and size > 1 and len(claims) == size:
+            # A full batch past the first: a backlog, so wake one more worker to help.
             ring_on_commit([Doorbell(claims[-1].step_id, claims[0].queue)])
+            recruited = True
         queue, named = claims[0].queue, None
         began = time.monotonic()
         run_batch(claims)
