@@ -116,6 +116,8 @@ class Publisher:
                 self._later.clear()
                 self._busy = True
             self._publish(bells)
+            # Let a burst gather for a moment: at most one publish per BURST_SECONDS.
+            time.sleep(BURST_SECONDS)
 
     def _publish(self, bells: list[Doorbell]) -> None:
         try:
