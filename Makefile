@@ -8,12 +8,13 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: help install run migrate demo test test-fast lint format clean
+.PHONY: help install run migrate demo test test-fast lint format clean bench bench-quick
 
 help:
 	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"
 	@echo "make test   run the whole suite against PostgreSQL and Redis"
 	@echo "make lint   ruff and mypy"
+	@echo "make bench  the full benchmark (under 30 min); make bench-quick: every cell, small N"
 
 $(PY):
 	@python=$$(scripts/find-python.sh) && echo "Using $$python" && "$$python" -m venv $(VENV)
@@ -48,6 +49,25 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# The benchmark has a virtualenv of its own: the project plus the comparators.
+BENCH_VENV := bench/.venv
+BENCH_PY := $(BENCH_VENV)/bin/python
+BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
+
+$(BENCH_PY):
+	@python=$$(scripts/find-python.sh) && "$$python" -m venv $(BENCH_VENV)
+
+$(BENCH_STAMP): pyproject.toml bench/requirements.txt | $(BENCH_PY)
+	$(BENCH_PY) -m pip install --quiet --upgrade pip
+	$(BENCH_PY) -m pip install --quiet -e . -r bench/requirements.txt
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.run --mode full $(BENCH_ARGS)
+
+bench-quick: $(BENCH_STAMP)
+	$(BENCH_PY) -m bench.run --mode quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache

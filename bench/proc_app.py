@@ -1,0 +1,41 @@
+"""PROC: procrastinate 3.x on the same PostgreSQL, its schema in the bench database.
+
+The task is an ``async def`` that does nothing: procrastinate's lightest path (a sync
+task would run in a thread). Workers are separate processes with concurrency 1 each,
+like the prefork children of the Celery-based systems (``bench.proc_worker``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import procrastinate
+
+from .common import ENV_DSN, PROC_QUEUE
+
+
+@dataclass(frozen=True)
+class ProcApp:
+    app: Any  # procrastinate.App
+    noop: Any  # its bench.noop task
+
+
+def make_app(dsn: str | None = None, **pool_args: Any) -> ProcApp:
+    """A procrastinate App on the bench database (``BENCH_DSN`` unless ``dsn``)."""
+    connector = procrastinate.PsycopgConnector(conninfo=dsn or os.environ[ENV_DSN], **pool_args)
+    app = procrastinate.App(connector=connector)
+
+    @app.task(name="bench.noop", queue=PROC_QUEUE)
+    async def noop() -> None:
+        return None
+
+    return ProcApp(app, noop)
+
+
+def apply_schema(dsn: str) -> None:
+    """Install procrastinate's tables, functions and triggers in the bench database."""
+    app = make_app(dsn).app
+    with app.open():
+        app.schema_manager.apply_schema()

@@ -1,0 +1,366 @@
+"""Turning cell results into medians, ratios, targets and a Markdown table."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SYSTEM_LABELS = {"us": "US", "celery": "CELERY", "proc": "PROC", "raw": "RAW"}
+COMPARED = ["celery", "proc", "raw"]
+
+TIMES = "\u00d7"  # the multiplication sign of "2x"
+DASH = "\u2013"  # the en dash of "min-max" and of an empty cell
+
+START_MARK = "<!-- bench:start -->"
+END_MARK = "<!-- bench:end -->"
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile of ``values`` (not empty)."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))  # ceil(n * pct / 100), at least 1
+    return ordered[int(min(rank, len(ordered))) - 1]
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    title: str
+    unit: str
+    higher_is_better: bool
+    fmt: Callable[[float], str]
+    # Systems a ratio makes no sense against (CELERY writes nothing to PostgreSQL).
+    no_ratio: frozenset[str] = frozenset()
+
+
+def _int(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _one(value: float) -> str:
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _two(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def metrics(mode: dict[str, Any]) -> list[Metric]:
+    out = [
+        Metric(
+            "enqueue_single",
+            f"enqueue, single calls ({mode['single_n']:,})",
+            "tasks/s",
+            True,
+            _int,
+        ),
+        Metric(
+            "enqueue_bulk",
+            f"enqueue, bulk ({mode['bulk_n']:,} in batches of {mode['batch']:,})",
+            "tasks/s",
+            True,
+            _int,
+        ),
+    ]
+    for n in mode["workers"]:
+        plural = "es" if n > 1 else ""
+        out.append(
+            Metric(
+                f"drain_c{n}",
+                f"drain {mode['drain_n']:,} pre-filled, {n} worker process{plural}",
+                "tasks/s",
+                True,
+                _int,
+            )
+        )
+    for rate in mode["rates"]:
+        for pct in ("p50", "p99"):
+            out.append(
+                Metric(
+                    f"latency_{pct}_{rate}",
+                    f"enqueue→start {pct} at {rate}/s",
+                    "ms",
+                    False,
+                    _one,
+                )
+            )
+        out.append(
+            Metric(
+                f"lag_p99_{rate}",
+                f"of which sending: scheduled→sent p99 at {rate}/s",
+                "ms",
+                False,
+                _one,
+            )
+        )
+    out += [
+        Metric(
+            "commits_per_step",
+            "commits per executed step (2 workers)",
+            "",
+            False,
+            _two,
+            frozenset({"celery"}),
+        ),
+        Metric(
+            "wal_per_step",
+            "WAL bytes per executed step (2 workers)",
+            "B",
+            False,
+            _int,
+            frozenset({"celery"}),
+        ),
+        Metric(
+            "own_wal_per_step",
+            "of which the bench database's (pg_walinspect)",
+            "B",
+            False,
+            _int,
+            frozenset({"celery"}),
+        ),
+        Metric("rss_mib", "RSS per task-running process (2 workers)", "MiB", False, _one),
+        Metric("pss_mib", "PSS per task-running process (2 workers)", "MiB", False, _one),
+    ]
+    return out
+
+
+def collect(cells: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """metric -> system -> the value of each run."""
+    out: dict[str, dict[str, list[float]]] = {}
+
+    def add(metric: str, system: str, value: Any) -> None:
+        if isinstance(value, int | float):
+            out.setdefault(metric, {}).setdefault(system, []).append(float(value))
+
+    for cell in cells:
+        if cell.get("error") or cell.get("skipped"):
+            continue
+        system = cell["system"]
+        if cell["cell"] == "enqueue":
+            add("enqueue_single", system, cell.get("single", {}).get("rate"))
+            add("enqueue_bulk", system, cell.get("bulk", {}).get("rate"))
+        elif cell["cell"] == "drain":
+            n = cell["workers"]
+            add(f"drain_c{n}", system, cell.get("throughput"))
+            if n == 2:
+                add("commits_per_step", system, cell.get("commits_per_step"))
+                add("wal_per_step", system, cell.get("wal_bytes_per_step"))
+                add("own_wal_per_step", system, cell.get("own_wal_bytes_per_step"))
+                add("rss_mib", system, cell.get("rss_mib"))
+                add("pss_mib", system, cell.get("pss_mib"))
+        elif cell["cell"] == "latency":
+            for rate, result in cell.get("rates", {}).items():
+                if result.get("error"):
+                    continue
+                add(f"latency_p50_{rate}", system, result.get("p50_ms"))
+                add(f"latency_p99_{rate}", system, result.get("p99_ms"))
+                add(f"lag_p99_{rate}", system, result.get("producer_lag_p99_ms"))
+    return out
+
+
+def summarize(values: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    return {
+        metric: {
+            system: {
+                "median": statistics.median(runs),
+                "min": min(runs),
+                "max": max(runs),
+                "runs": runs,
+            }
+            for system, runs in by_system.items()
+            if runs
+        }
+        for metric, by_system in values.items()
+    }
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    metric: str
+    other: str | None  # None: an absolute bound on US's value
+    bound: float
+    at_least: bool  # ratio (or value) must be >= bound; else <=
+
+
+TARGETS = [
+    Target(f"drain, 2 workers: US ≥ 2{TIMES} CELERY", "drain_c2", "celery", 2.0, True),
+    Target(f"drain, 2 workers: US ≥ 4{TIMES} PROC", "drain_c2", "proc", 4.0, True),
+    Target(f"drain, 2 workers: US ≥ 1{TIMES} RAW", "drain_c2", "raw", 1.0, True),
+    Target(f"bulk enqueue: US ≥ 1{TIMES} PROC batch_defer", "enqueue_bulk", "proc", 1.0, True),
+    Target(f"single enqueue: US ≥ 1{TIMES} PROC defer", "enqueue_single", "proc", 1.0, True),
+    Target(
+        f"p99 enqueue→start at 200/s: US ≤ 2{TIMES} CELERY",
+        "latency_p99_200",
+        "celery",
+        2.0,
+        False,
+    ),
+    Target("commits per executed step: US ≤ 2", "commits_per_step", None, 2.0, False),
+    Target(f"worker memory (RSS): US ≤ 1.2{TIMES} CELERY child", "rss_mib", "celery", 1.2, False),
+]
+
+
+def evaluate(summary: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    out = []
+    for target in TARGETS:
+        by_system = summary.get(target.metric, {})
+        ours = by_system.get("us", {}).get("median")
+        value: float | None = None
+        if ours is not None:
+            if target.other is None:
+                value = ours
+            else:
+                theirs = by_system.get(target.other, {}).get("median")
+                if theirs:
+                    value = ours / theirs
+        ok = None
+        if value is not None:
+            ok = value >= target.bound if target.at_least else value <= target.bound
+        out.append(
+            {
+                "target": target.text,
+                "metric": target.metric,
+                "against": target.other,
+                "bound": target.bound,
+                "value": value,
+                "ok": ok,
+            }
+        )
+    return out
+
+
+def _cell(summary: dict[str, Any] | None, metric: Metric) -> str:
+    if not summary:
+        return DASH
+    median = metric.fmt(summary["median"])
+    if len(summary["runs"]) > 1:
+        return f"{median} ({metric.fmt(summary['min'])}{DASH}{metric.fmt(summary['max'])})"
+    return median
+
+
+def _ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
+    if not ours or not theirs or not theirs["median"]:
+        return DASH
+    return f"{ours['median'] / theirs['median']:.2f}{TIMES}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta = result["meta"]
+    mode = meta["mode"]
+    summary = result["summary"]
+    runs = mode["runs"]
+    lines = [
+        f"**{mode['name']} run** of {meta['started']} ({meta['duration_s']:.0f} s, "
+        f"{runs} run{'s' if runs > 1 else ''}"
+        + (f", median (min{DASH}max)" if runs > 1 else "")
+        + "; ratios are US ÷ other: above 1 is faster for throughput, below 1 is better "
+        "for latency, commits, WAL and memory)",
+        "",
+        "| metric | US | CELERY | PROC | RAW | US/CELERY | US/PROC | US/RAW |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for metric in metrics(mode):
+        by_system = summary.get(metric.key, {})
+        unit = f" ({metric.unit})" if metric.unit else ""
+        row = [f"{metric.title}{unit}"]
+        row += [_cell(by_system.get(system), metric) for system in SYSTEM_LABELS]
+        row += [
+            DASH if other in metric.no_ratio else _ratio(by_system.get("us"), by_system.get(other))
+            for other in COMPARED
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+
+    lines += ["", "| target (same run) | measured | |", "|---|--:|:-:|"]
+    for target in result["targets"]:
+        value = target["value"]
+        if value is None:
+            shown, mark = DASH, "?"
+        else:
+            shown = f"{value:.2f}" if target["against"] is None else f"{value:.2f}{TIMES}"
+            mark = "✓" if target["ok"] else "✗"
+        lines.append(f"| {target['target']} | {shown} | {mark} |")
+
+    problems = [
+        cell
+        for cell in result["cells"]
+        if cell.get("error") or cell.get("skipped") or cell.get("capped")
+    ]
+    for cell in result["cells"]:
+        for rate, res in cell.get("rates", {}).items():
+            if res.get("error") or res.get("missing") or res.get("producer_errors"):
+                problems.append({**cell, "rate": rate, "detail": res})
+    changed = meta.get("code_at_start") != meta.get("code_at_end")
+    if problems or changed:
+        lines += ["", "Problems in this run:", ""]
+    if changed:
+        lines.append(
+            f"- the code changed during the run ({meta.get('code_at_start')} at the start, "
+            f"{meta.get('code_at_end')} at the end): later cells measured other code"
+        )
+    for cell in problems:
+        where = f"run {cell['run']} {SYSTEM_LABELS[cell['system']]} {cell['cell']}"
+        if cell.get("workers"):
+            where += f" c{cell['workers']}"
+        if "rate" in cell:
+            detail = cell["detail"]
+            text = (
+                str(detail["error"]).strip().splitlines()[0][:300]
+                if detail.get("error")
+                else f"{detail.get('missing', 0)} of {detail.get('sent', 0)} never started, "
+                f"{detail.get('producer_errors', 0)} send errors"
+            )
+            where += f" at {cell['rate']}/s"
+        elif cell.get("skipped"):
+            text = f"skipped: {cell['skipped']}"
+        elif cell.get("capped"):
+            text = (
+                f"stopped at the cell's time limit with {cell.get('done')} of "
+                f"{cell.get('total')} done (throughput from what finished)"
+            )
+        else:
+            text = str(cell["error"]).strip().splitlines()[-1][:300]
+        lines.append(f"- {where}: {text}")
+
+    env = meta["environment"]
+    versions = ", ".join(f"{name} {version}" for name, version in env["versions"].items())
+    pg = ", ".join(f"{k}={v}" for k, v in env["postgresql_settings"].items())
+    rd = ", ".join(
+        f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in env["redis_settings"].items()
+    )
+    sizes = (
+        f"single {mode['single_n']:,}; bulk {mode['bulk_n']:,} in batches of {mode['batch']:,}; "
+        f"drain {mode['drain_n']:,} with {', '.join(map(str, mode['workers']))} worker "
+        f"processes; latency {mode['latency_seconds']:g} s at each of "
+        f"{', '.join(map(str, mode['rates']))} tasks/s with {mode['senders']} sender threads"
+    )
+    lines += [
+        "",
+        f"- machine: {env['cpu_model']}, {env['cpus']} CPUs, {env['memory_gib']:.0f} GiB",
+        f"- versions: {versions}",
+        f"- PostgreSQL: {pg}",
+        f"- Redis: {rd}",
+        f"- sizes: {sizes}",
+        f"- code: {meta['git']}; system order per run: "
+        + "; ".join(" ".join(SYSTEM_LABELS[s] for s in order) for order in meta["orders"])
+        + f" (seed {meta['seed']})",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def update_docs(path: Path, table: str, source: str) -> None:
+    """Put ``table`` between the markers of ``path``, leaving the rest as written."""
+    note = f"<!-- generated by `make bench` from {source}; edit outside the markers -->"
+    block = f"{START_MARK}\n{note}\n\n{table}\n{END_MARK}"
+    text = path.read_text() if path.exists() else "# Performance\n\n"
+    pattern = re.compile(re.escape(START_MARK) + r".*?" + re.escape(END_MARK), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

@@ -1,0 +1,428 @@
+"""The four systems as the harness sees them: how to start their workers, release a
+pre-filled queue, see progress, read start and completion times, and clean up.
+
+Times are seconds since the epoch on this machine's clock: PostgreSQL's ``now()``, the
+workers' and the harness's ``time.time()`` all read the same clock.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import psycopg
+import redis
+
+from .common import ENV_DSN, ENV_GO_FILE, ENV_READY_DIR, PLAIN_QUEUE, PLAIN_STARTS_KEY
+from .procs import ProcessGroup, children, memory_kib
+from .raw import TABLE as RAW_TABLE
+
+CELERY_FLAGS = [
+    "--pool=prefork",
+    "--loglevel=WARNING",
+    # No gossip, mingle or event heartbeats: less start-up time and background traffic,
+    # the same for both Celery-based systems.
+    "--without-gossip",
+    "--without-mingle",
+    "--without-heartbeat",
+]
+
+
+@dataclass
+class Ctx:
+    """What every cell needs: the bench database, Redis and its two key prefixes, the
+    environment for subprocesses and a scratch folder."""
+
+    dsn: str  # libpq URI of the bench database
+    admin_dsn: str  # the same server's maintenance database (stats are read there)
+    db_name: str
+    redis_url: str
+    live_prefix: str  # the workers' broker keys
+    stage_prefix: str  # where pre-filled messages wait until released
+    work_dir: Path
+    env: dict[str, str]
+    python: str = sys.executable
+    celery: str = str(Path(sys.executable).with_name("celery"))
+    rds: redis.Redis = field(init=False)
+    _groups: int = 0
+
+    def __post_init__(self) -> None:
+        self.rds = redis.Redis.from_url(self.redis_url, socket_timeout=10)
+
+    def connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+
+    def producer_env(self, *, staged: bool) -> dict[str, str]:
+        env = dict(self.env)
+        if staged:
+            env["TASKS_BROKER_PREFIX"] = self.stage_prefix
+        return env
+
+    def new_group(self, name: str) -> ProcessGroup:
+        self._groups += 1
+        folder = self.work_dir / f"{self._groups:03d}-{name}"
+        return ProcessGroup(name, folder)
+
+    def purge_keys(self, prefix: str, *, lists_only: bool = False) -> None:
+        for key in self.rds.scan_iter(match=prefix + "*", count=1000):
+            if lists_only and self.rds.type(key) not in {b"list", "list"}:
+                continue
+            self.rds.delete(key)
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    failed: int
+
+
+class System:
+    key: ClassVar[str]
+    label: ClassVar[str]
+    tables: ClassVar[tuple[str, ...]] = ()
+    # Whether the pre-fill goes through the staged broker prefix (released by renaming
+    # the queue lists) rather than a go file the worker processes wait for.
+    staged: ClassVar[bool] = False
+    poll_interval: ClassVar[float] = 0.1
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+
+    # --- workers ---------------------------------------------------------------------
+
+    def start_workers(self, n: int, *, barrier: bool) -> ProcessGroup:
+        raise NotImplementedError
+
+    def expected_ready(self, n: int) -> int:
+        return n
+
+    def executing_pids(self, group: ProcessGroup) -> list[int]:
+        """The processes that run the tasks (prefork children, or the worker processes)."""
+        return group.pids
+
+    def memory(self, group: ProcessGroup) -> dict[str, Any]:
+        per_process = [memory_kib(pid) for pid in self.executing_pids(group)]
+        per_process = [m for m in per_process if m]
+        leaders = [memory_kib(pid) for pid in group.pids]
+        return {"executing": per_process, "leaders": leaders}
+
+    # --- the queue -------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty the system's tables and its Redis keys (no worker may be running)."""
+        if self.tables:
+            with self.ctx.connect() as conn:
+                conn.execute("SET lock_timeout = '15s'")
+                conn.execute(f"TRUNCATE {', '.join(self.tables)} RESTART IDENTITY CASCADE")
+        self.ctx.purge_keys(self.ctx.stage_prefix)
+        self.ctx.purge_keys(self.ctx.live_prefix)
+
+    def clear_queues(self) -> None:
+        """Between latency rates, with the workers running: only the Redis lists go (the
+        CELERY start times among them), not the workers' bindings and not the tables (a
+        TRUNCATE would fight the workers' locks); ids keep growing, so earlier rows never
+        match a later rate's tasks."""
+        self.ctx.purge_keys(self.ctx.live_prefix, lists_only=True)
+
+    def release(self, group: ProcessGroup) -> float:
+        """Let the workers at the pre-filled tasks; returns the release time."""
+        raise NotImplementedError
+
+    def staged_count(self) -> int:
+        """How many pre-filled tasks wait (checked before the release)."""
+        raise NotImplementedError
+
+    def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
+        raise NotImplementedError
+
+    def last_completion(self, conn: psycopg.Connection[Any]) -> float | None:
+        return None
+
+    def first_start(self, conn: psycopg.Connection[Any]) -> float | None:
+        return None
+
+    def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
+        raise NotImplementedError
+
+    def busy(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether anything is still queued or running (between latency rates)."""
+        raise NotImplementedError
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _one(self, conn: psycopg.Connection[Any], sql: str, *args: Any) -> Any:
+        row = conn.execute(sql, args or None).fetchone()
+        return row[0] if row else None
+
+    def _times(self, conn: psycopg.Connection[Any], sql: str, ids: list[int]) -> dict[int, float]:
+        rows = conn.execute(sql, (ids,)).fetchall()
+        return {int(row[0]): float(row[1]) for row in rows if row[1] is not None}
+
+
+class _CeleryBased(System):
+    staged = True
+    extra_args: ClassVar[list[str]] = []
+    queue_lists: ClassVar[tuple[str, ...]] = ()
+
+    def start_workers(self, n: int, *, barrier: bool) -> ProcessGroup:
+        group = self.ctx.new_group(f"{self.key}-c{n}")
+        env = dict(self.ctx.env)
+        env[ENV_READY_DIR] = str(group.ready_dir)
+        node = f"bench-{self.key}-{os.getpid()}-{group.folder.name}@%h"
+        argv = [self.ctx.celery, "-A", "config", "worker", "-c", str(n), "-n", node]
+        group.spawn([*argv, *CELERY_FLAGS, *self.extra_args], env)
+        return group
+
+    def expected_ready(self, n: int) -> int:
+        return 1  # the main process signals once its pool is up and it consumes
+
+    def executing_pids(self, group: ProcessGroup) -> list[int]:
+        return [child for pid in group.pids for child in children(pid)]
+
+    def release(self, group: ProcessGroup) -> float:
+        rds = self.ctx.rds
+        stage, live = self.ctx.stage_prefix, self.ctx.live_prefix
+        keys = [
+            key.decode()
+            for key in rds.scan_iter(match=stage + "*", count=1000)
+            if rds.type(key) in {b"list", "list"}
+        ]
+        if not keys:
+            raise RuntimeError("nothing staged to release")
+        for key in keys:
+            if rds.exists(live + key[len(stage) :]):
+                raise RuntimeError(f"the live queue {key[len(stage) :]} is not empty")
+        pipe = rds.pipeline(transaction=True)
+        for key in keys:
+            pipe.rename(key, live + key[len(stage) :])
+        released = time.time()
+        pipe.execute()
+        return released
+
+
+class Us(_CeleryBased):
+    """Our durable core: demo.noop through enqueue / enqueue_many, our Celery worker."""
+
+    key = "us"
+    label = "US"
+    tables = (
+        "tasks_app_task",
+        "tasks_app_step",
+        "tasks_app_lease",
+        "tasks_app_event",
+        "tasks_app_effect",
+        "tasks_app_counter",
+    )
+    extra_args = ["-I", "bench.worker_hooks"]
+
+    def staged_count(self) -> int:
+        with self.ctx.connect() as conn:
+            return int(self._one(conn, "SELECT count(*) FROM tasks_app_task") or 0)
+
+    def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
+            " count(*) FILTER (WHERE status IN ('dead', 'cancelled')) FROM tasks_app_task"
+        ).fetchone()
+        assert row is not None
+        return Progress(int(row[0]), int(row[1]))
+
+    def last_completion(self, conn: psycopg.Connection[Any]) -> float | None:
+        value = self._one(
+            conn,
+            "SELECT extract(epoch FROM max(finished_at)) FROM tasks_app_task"
+            " WHERE status = 'succeeded'",
+        )
+        return float(value) if value is not None else None
+
+    def first_start(self, conn: psycopg.Connection[Any]) -> float | None:
+        value = self._one(conn, "SELECT extract(epoch FROM min(acquired_at)) FROM tasks_app_lease")
+        return float(value) if value is not None else None
+
+    def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
+        return self._times(
+            conn,
+            "SELECT s.task_id, extract(epoch FROM min(l.acquired_at))"
+            " FROM tasks_app_lease l JOIN tasks_app_step s ON s.id = l.step_id"
+            " WHERE s.task_id = ANY(%s) GROUP BY s.task_id",
+            ids,
+        )
+
+    def busy(self, conn: psycopg.Connection[Any]) -> bool:
+        return bool(
+            self._one(
+                conn,
+                "SELECT EXISTS (SELECT 1 FROM tasks_app_task"
+                " WHERE status IN ('pending', 'running'))",
+            )
+        )
+
+
+class PlainCelery(_CeleryBased):
+    """A plain Celery task in this Django project (bench.plain_tasks)."""
+
+    key = "celery"
+    label = "CELERY"
+    extra_args = ["-I", "bench.plain_tasks", "-Q", PLAIN_QUEUE]
+    poll_interval = 0.005  # a Redis poll costs next to nothing
+
+    def _remaining(self) -> int:
+        live = self.ctx.live_prefix
+        pipe = self.ctx.rds.pipeline(transaction=False)
+        pipe.llen(live + PLAIN_QUEUE)
+        pipe.hlen(live + "unacked")
+        queued, unacked = pipe.execute()
+        return int(queued) + int(unacked)
+
+    def staged_count(self) -> int:
+        return int(self.ctx.rds.llen(self.ctx.stage_prefix + PLAIN_QUEUE))  # type: ignore[arg-type]
+
+    def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
+        # Late acks: a message leaves the unacked hash once its task has returned, so
+        # "nothing queued and nothing unacked" means every task ran.
+        return Progress(total - self._remaining(), 0)
+
+    def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
+        wanted = set(ids)
+        out: dict[int, float] = {}
+        raw = self.ctx.rds.lrange(self.ctx.live_prefix + PLAIN_STARTS_KEY, 0, -1)
+        for item in raw:  # type: ignore[union-attr]
+            seq, stamp = item.decode().split()
+            if int(seq) in wanted:
+                out.setdefault(int(seq), float(stamp))
+        return out
+
+    def busy(self, conn: psycopg.Connection[Any]) -> bool:
+        return self._remaining() > 0
+
+
+class _GoFileBased(System):
+    module: ClassVar[str]
+
+    def start_workers(self, n: int, *, barrier: bool) -> ProcessGroup:
+        group = self.ctx.new_group(f"{self.key}-c{n}")
+        env = dict(self.ctx.env)
+        env[ENV_READY_DIR] = str(group.ready_dir)
+        env[ENV_DSN] = self.ctx.dsn
+        if barrier:
+            env[ENV_GO_FILE] = str(group.folder / "go")
+        for _ in range(n):
+            group.spawn([self.ctx.python, "-m", self.module], env)
+        return group
+
+    def release(self, group: ProcessGroup) -> float:
+        released = time.time()
+        (group.folder / "go").touch()
+        return released
+
+
+class Proc(_GoFileBased):
+    """procrastinate 3.x: N worker processes, concurrency 1 each."""
+
+    key = "proc"
+    label = "PROC"
+    module = "bench.proc_worker"
+    tables = ("procrastinate_jobs", "procrastinate_events", "procrastinate_periodic_defers")
+
+    def staged_count(self) -> int:
+        with self.ctx.connect() as conn:
+            return int(self._one(conn, "SELECT count(*) FROM procrastinate_jobs") or 0)
+
+    def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
+            " count(*) FILTER (WHERE status IN ('failed', 'aborted', 'cancelled'))"
+            " FROM procrastinate_jobs"
+        ).fetchone()
+        assert row is not None
+        return Progress(int(row[0]), int(row[1]))
+
+    def last_completion(self, conn: psycopg.Connection[Any]) -> float | None:
+        value = self._one(
+            conn,
+            "SELECT extract(epoch FROM max(at)) FROM procrastinate_events WHERE type = 'succeeded'",
+        )
+        return float(value) if value is not None else None
+
+    def first_start(self, conn: psycopg.Connection[Any]) -> float | None:
+        value = self._one(
+            conn,
+            "SELECT extract(epoch FROM min(at)) FROM procrastinate_events WHERE type = 'started'",
+        )
+        return float(value) if value is not None else None
+
+    def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
+        return self._times(
+            conn,
+            "SELECT job_id, extract(epoch FROM min(at)) FROM procrastinate_events"
+            " WHERE type = 'started' AND job_id = ANY(%s) GROUP BY job_id",
+            ids,
+        )
+
+    def busy(self, conn: psycopg.Connection[Any]) -> bool:
+        return bool(
+            self._one(
+                conn,
+                "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs"
+                " WHERE status IN ('todo', 'doing'))",
+            )
+        )
+
+
+class Raw(_GoFileBased):
+    """The raw psycopg loop (bench.raw): N processes."""
+
+    key = "raw"
+    label = "RAW"
+    module = "bench.raw"
+    tables = (RAW_TABLE,)
+
+    def staged_count(self) -> int:
+        with self.ctx.connect() as conn:
+            return int(self._one(conn, f"SELECT count(*) FROM {RAW_TABLE}") or 0)  # noqa: S608
+
+    def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
+        done = self._one(
+            conn,
+            f"SELECT count(*) FROM {RAW_TABLE} WHERE status = 'done'",  # noqa: S608
+        )
+        return Progress(int(done or 0), 0)
+
+    def last_completion(self, conn: psycopg.Connection[Any]) -> float | None:
+        value = self._one(
+            conn,
+            f"SELECT extract(epoch FROM max(finished_at)) FROM {RAW_TABLE}",  # noqa: S608
+        )
+        return float(value) if value is not None else None
+
+    def first_start(self, conn: psycopg.Connection[Any]) -> float | None:
+        value = self._one(
+            conn,
+            f"SELECT extract(epoch FROM min(started_at)) FROM {RAW_TABLE}",  # noqa: S608
+        )
+        return float(value) if value is not None else None
+
+    def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
+        return self._times(
+            conn,
+            f"SELECT id, extract(epoch FROM started_at) FROM {RAW_TABLE}"  # noqa: S608
+            " WHERE id = ANY(%s)",
+            ids,
+        )
+
+    def busy(self, conn: psycopg.Connection[Any]) -> bool:
+        return bool(
+            self._one(
+                conn,
+                f"SELECT EXISTS (SELECT 1 FROM {RAW_TABLE}"  # noqa: S608
+                " WHERE status IN ('todo', 'doing'))",
+            )
+        )
+
+
+SYSTEMS: dict[str, type[System]] = {cls.key: cls for cls in (Us, PlainCelery, Proc, Raw)}
+ORDER = ["us", "celery", "proc", "raw"]
