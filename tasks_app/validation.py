@@ -15,6 +15,9 @@ from .exceptions import InvalidInput, InvalidPayload
 
 MAX_PAYLOAD_BYTES = 65_536
 MAX_DEPTH = 32
+# Python writes floats from 1e16 up in exponent form, which PostgreSQL's jsonb keeps as an
+# integer-valued decimal and hands back as an int (1e23 comes back as 10**23).
+MAX_JSON_FLOAT = 1e16
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 
@@ -76,6 +79,12 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise bad("finite_numbers", f"{where} is NaN or Infinity")
+            if abs(value) >= MAX_JSON_FLOAT:
+                raise bad(
+                    "float_range",
+                    f"{where} is a float of 1e16 or more, which does not round-trip; "
+                    "send an int or a string",
+                )
         else:
             raise bad(
                 "json_types",

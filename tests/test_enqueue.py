@@ -948,6 +948,10 @@ REFUSALS = [
         InvalidPayload,
         id="minus-infinity",
     ),
+    pytest.param({"payload": {"a": 1e23}}, "payload", "float_range", InvalidPayload, id="1e23"),
+    pytest.param(
+        {"payload": {"a": [-1e16]}}, "payload", "float_range", InvalidPayload, id="minus-1e16"
+    ),
     # values that do not round-trip through JSON
     pytest.param({"payload": {"a": (1, 2)}}, "payload", "json_types", InvalidPayload, id="tuple"),
     pytest.param({"payload": {"a": {1, 2}}}, "payload", "json_types", InvalidPayload, id="set"),
@@ -1145,6 +1149,9 @@ ACCEPTED = [
     pytest.param(
         {"payload": {"s": "日本語 😀 \\u0000", "n": [1, -2.5, True, None], "o": {"": ""}}},
         id="json-types",
+    ),
+    pytest.param(
+        {"payload": {"big": 9.9e15, "small": 1e-300, "int": 10**30}}, id="numbers-that-round-trip"
     ),
     pytest.param({"idempotency_key": "k" * 255}, id="key-255"),
     pytest.param({"idempotency_key": "x"}, id="key-1"),
