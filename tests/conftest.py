@@ -7,7 +7,8 @@ import base64
 import importlib
 import json
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, cast
 
@@ -16,6 +17,7 @@ import redis
 from django.apps import apps as django_apps
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.db import connection
 from django.db.models import F
 
 from tasks_app.dispatch import publisher
@@ -87,6 +89,21 @@ def backdate(step: Step, seconds: float = 3600) -> None:
 
 def only_step(task: Task) -> Step:
     return task.steps.get()
+
+
+def worker_thread(target: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
+    """A thread, not yet started, that runs ``target`` on its own database connection (as a
+    worker process would) and collects what it raises."""
+
+    def work() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    return threading.Thread(target=work)
 
 
 # --- the broker -----------------------------------------------------------------------------

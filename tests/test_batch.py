@@ -31,7 +31,7 @@ from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, Ta
 from tasks_app.services import Claim
 from tasks_app.tasks import run_step
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
-from tests.conftest import BrokerView, backdate, only_step
+from tests.conftest import BrokerView, backdate, only_step, worker_thread
 
 WORKER = "w1"
 LEASE = django_settings.TASKS_LEASE_SECONDS
@@ -1142,15 +1142,7 @@ def test_the_heartbeat_keeps_a_waiting_claim_of_the_batch_alive_while_an_earlier
     assert [claim.step_id for claim in claims] == [slow.pk, waiting.pk]
     errors: list[BaseException] = []
 
-    def work() -> None:
-        try:
-            runner.run_batch(claims)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=work)
+    thread = worker_thread(lambda: runner.run_batch(claims), errors)
     thread.start()
     assert gate.started.wait(timeout=20)
 
@@ -1197,15 +1189,7 @@ def test_a_renewal_racing_the_batchs_own_completion_is_not_recorded_as_a_stale_w
     claims = batch.claim_batch(worker_id=WORKER, limit=1, queue="default", lease_seconds=1)
     errors: list[BaseException] = []
 
-    def work() -> None:
-        try:
-            runner.run_batch(claims)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=work)
+    thread = worker_thread(lambda: runner.run_batch(claims), errors)
     with transaction.atomic():
         # Hold the step row so the completion queues on it, then let a renewal (due every
         # third of the one-second lease) queue behind it if the claim is still renewed.

@@ -32,7 +32,7 @@ from tasks_app.models import Event, EventKind, Lease, QueueState, Step, StepStat
 from tasks_app.services import Claim
 from tasks_app.tasks import run_step
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
-from tests.conftest import BrokerView, backdate, only_step
+from tests.conftest import BrokerView, backdate, only_step, worker_thread
 
 WORKER = "w1"
 LEASE = settings.TASKS_LEASE_SECONDS
@@ -1091,15 +1091,7 @@ def test_a_one_step_task_cancelled_while_running_ends_cancelled_with_its_result_
 
 
 def _run_in_thread(held: Claim, errors: list[BaseException]) -> threading.Thread:
-    def work() -> None:
-        try:
-            runner.execute(held)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=work)
+    thread = worker_thread(lambda: runner.execute(held), errors)
     thread.start()
     return thread
 
