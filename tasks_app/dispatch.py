@@ -1,10 +1,10 @@
 """Doorbells: messages that tell a worker some step may be due.
 
 A doorbell may be lost or delivered twice; the claim in the database decides. They are
-published after commit, from a background thread, so a rolled-back transaction rings
-nothing and a commit never waits on the broker; a broker that is down makes the publish
-fail fast and be logged while the enqueue stands: the sweeper re-dispatches due steps
-later.
+published after commit, so a rolled-back transaction rings nothing; bursts go out from a
+background thread, so a busy producer never waits on the broker; a broker that is down
+makes the publish fail fast and be logged while the enqueue stands: the sweeper
+re-dispatches due steps later.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def coalesce(doorbells: list[Doorbell]) -> list[Doorbell]:
 
 
 class Publisher:
-    """Publishes doorbells from a background thread, so a commit never waits on the broker.
+    """Publishes doorbells: one submitted on its own goes out at once, in the committing
+    thread (the quickest way to a worker); a burst goes to a background thread, so a busy
+    producer never waits on the broker.
 
     Doorbells for steps due now are coalesced per queue: a worker woken by one drains every
     due step of its queue (and recruits another worker while there is more), so one per

@@ -1,5 +1,5 @@
-"""Running one claimed step: the handler, its heartbeat, and the classification of its
-outcome (DESIGN rule 6)."""
+"""Running claimed steps: draining a queue in batches, the handlers, the lease keeper, and
+the classification of each outcome (DESIGN rule 6)."""
 
 from __future__ import annotations
 

@@ -268,8 +268,8 @@ def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueRe
             bump_counter("idempotency_conflict")
             raise
         except IntegrityError:
-            # A concurrent enqueue of the same key won the unique constraint (SQLite path):
-            # the savepoint is rolled back and the next round finds the committed task.
+            # A concurrent enqueue of the same key won the unique constraint (SQLite), or the
+            # holder of a key vanished before we read it: roll back and look again.
             if round_ == 2:
                 raise
     bump_counter("enqueue_duplicate", duplicates)

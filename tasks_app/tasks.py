@@ -9,7 +9,8 @@ from . import runner, services
 
 @shared_task(name="tasks_app.tasks.run_step", ignore_result=True)
 def run_step(step_id: int) -> None:
-    """Run the step if it can be claimed; a duplicate or late message does nothing."""
+    """Run the step if it can be claimed, then drain its queue's other due steps; a
+    duplicate or late message finds nothing to claim and does nothing."""
     runner.drain(step_id)
 
 
