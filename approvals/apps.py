@@ -6,3 +6,11 @@ from django.apps import AppConfig
 class ApprovalsConfig(AppConfig):
     name = "approvals"
     verbose_name = "Approvals"
+
+    def ready(self) -> None:
+        # The approvals app builds on the core and plugs into it; the core never imports it.
+        from tasks_app import services as core
+
+        from . import services, workflows  # noqa: F401  (the workflows register on import)
+
+        core.register_sweep_job("expired_approvals", services.expire_due)

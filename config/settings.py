@@ -207,8 +207,14 @@ TASKS_REDISPATCH_SECONDS = env_int("TASKS_REDISPATCH_SECONDS", 30)
 TASKS_CLAIM_BATCH = env_int("TASKS_CLAIM_BATCH", 50)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
-PUBLISH_URL = env_str("PUBLISH_URL", "http://127.0.0.1:8000/fake/publish/")
-MAIL_URL = env_str("MAIL_URL", "http://127.0.0.1:8000/fake/mail/")
+# The remotes of publish_article and ticket_reply. Unset, they are the fakes this app
+# serves itself (``/fake/publish/``, ``/fake/mail/``) on the port `make run` uses.
+TASKS_FAKE_REMOTES = env_bool("TASKS_FAKE_REMOTES", default=not PRODUCTION)
+_FAKES = f"http://127.0.0.1:{env_int('PORT', 8000)}/fake"
+PUBLISH_URL = env_str("PUBLISH_URL", f"{_FAKES}/publish/")
+MAIL_URL = env_str("MAIL_URL", f"{_FAKES}/mail/")
+# Seconds a remote call may take before it counts as timed out.
+REMOTE_TIMEOUT_SECONDS = env_int("REMOTE_TIMEOUT_SECONDS", 10)
 
 # --- Celery (read by config/celery.py with namespace CELERY) ----------------------------
 

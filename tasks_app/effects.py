@@ -16,7 +16,7 @@ from typing import TypeVar, cast
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .exceptions import EffectNotApplied, OutcomeUnknown
+from .exceptions import EffectNotApplied, OutcomeUnknown, RemoteRefused
 from .models import Effect, Step, StepStatus
 
 T = TypeVar("T")
@@ -44,7 +44,8 @@ class Effects:
         3. Otherwise commit a ``started`` row (only while this attempt holds the lease),
            call, and record the result. A timeout after sending leaves the row
            ``started`` and follows rule 2 at once; :class:`EffectNotApplied` (the remote
-           refused before acting) removes the row so a retry may call again.
+           refused before acting) and :class:`RemoteRefused` (it refused for good) remove
+           the row, so a retry or a redrive may call again.
         """
         key = self.key(name)
         existing = Effect.objects.filter(key=key).first()
@@ -56,7 +57,7 @@ class Effects:
             self._start(key, idempotent_remote=idempotent_remote)
         try:
             result = call(key)
-        except EffectNotApplied:
+        except (EffectNotApplied, RemoteRefused):
             Effect.objects.filter(key=key, status=Effect.Status.STARTED).delete()
             raise
         except TimeoutError as exc:

@@ -79,3 +79,8 @@ class OutcomeUnknown(HandlerError):
 
 class EffectNotApplied(RetryableError):
     """The remote definitely did not apply the write (refused before acting)."""
+
+
+class RemoteRefused(PermanentError):
+    """The remote refused the write for good (a 4xx): it did not happen, and retrying with
+    the same request cannot help."""

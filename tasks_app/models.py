@@ -137,6 +137,9 @@ class Step(models.Model):
     result = models.JSONField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     error_class = models.CharField(max_length=200, blank=True)
+    # Set on the first row of a revision: the reviewer's comment and the draft it replaces,
+    # for the handler that writes the next draft.
+    change_request = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -175,6 +178,8 @@ class Lease(models.Model):
         FAILED = "failed"
         EXPIRED = "expired"
         CANCELLED = "cancelled"
+        # The handler handed the step to a person (an approval step parked).
+        WAITING = "waiting"
 
     # No index of its own: the (step, token) constraint leads with step.
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="leases", db_index=False)

@@ -23,7 +23,7 @@ from .dispatch import Doorbell, ring_on_commit
 from .effects import Effects, LeaseLost
 from .exceptions import InvalidInput, OutcomeUnknown, PermanentError
 from .models import Step, StepStatus
-from .workflows import StepContext, StepSpec, registry
+from .workflows import AwaitDecision, StepContext, StepSpec, registry
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,9 @@ def _dead(claim: services.Claim, error_class: str, message: str, reason: str) ->
     )
 
 
-_FAILED = object()
+# What _run_one returns once the step's outcome is recorded (failed, or parked for a
+# decision): nothing left to complete.
+_RECORDED = object()
 
 
 def execute(claim: services.Claim) -> None:
@@ -174,7 +176,7 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
     try:
         for claim in claims:
             result = _run_one(claim, rows[claim.step_id])
-            if result is not _FAILED:
+            if result is not _RECORDED:
                 succeeded.append((claim, result))
     finally:
         for claim in claims:
@@ -183,14 +185,15 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
 
 
 def _run_one(claim: services.Claim, step: Step) -> Any:
-    """Run one handler; returns its result, or ``_FAILED`` once the failure is recorded.
+    """Run one handler; returns its result, or ``_RECORDED`` once its outcome is recorded.
 
     1. Find the workflow version the task was enqueued under; if it is gone, or the step's
        kind is not that version's, dead-letter (``incompatible_version`` /
        ``unknown_step_kind``) rather than run it under other rules.
     2. Build the context (payload, earlier results, attempt, step key, effects ledger).
-    3. Run the handler and classify: a JSON result is returned; ``OutcomeUnknown`` and
-       permanent errors dead-letter; anything else retries with backoff.
+    3. Run the handler and classify: a JSON result is returned; ``AwaitDecision`` parks
+       the step for a person; ``OutcomeUnknown`` and permanent errors dead-letter;
+       anything else retries with backoff.
     """
     task = step.task
     flow = registry.get(task.workflow, task.workflow_version)
@@ -201,7 +204,7 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
             f"workflow {task.workflow} v{task.workflow_version} is not registered on this worker",
             "incompatible_version",
         )
-        return _FAILED
+        return _RECORDED
     spec = flow.step(step.position)
     if spec is None or spec.kind != step.kind:
         _dead(
@@ -210,7 +213,7 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
             f"step kind {step.kind!r} is not registered",
             "unknown_step_kind",
         )
-        return _FAILED
+        return _RECORDED
 
     earlier: dict[str, Any] = {}
     if step.position > 0:
@@ -229,6 +232,8 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
         step_key=step.idempotency_key,
         effects=Effects(step_id=step.pk, step_key=step.idempotency_key, fencing_token=claim.token),
         timeout=spec.timeout,
+        revision=step.revision,
+        change_request=step.change_request,
     )
     lease_keeper.started(claim, ctx, spec.timeout)
     try:
@@ -246,13 +251,25 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
     except Exception as exc:
         _retry(claim, spec, exc)
     else:
+        if isinstance(result, AwaitDecision):
+            lease_keeper.forget(claim)
+            services.await_decision(claim, result)
+            return _RECORDED
+        if spec.approval:
+            _dead(
+                claim,
+                "invalid_result",
+                "an approval step must return AwaitDecision",
+                "permanent_error",
+            )
+            return _RECORDED
         try:
             json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as exc:
             _dead(claim, "invalid_result", f"handler result is not JSON: {exc}", "permanent_error")
         else:
             return result
-    return _FAILED
+    return _RECORDED
 
 
 def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,7 +39,8 @@ from .models import (
     Task,
     TaskStatus,
 )
-from .workflows import Workflow, registry
+from .signals import steps_cancelled
+from .workflows import AwaitDecision, Workflow, registry
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _now_plus(seconds: float) -> ExpressionWrapper:
     return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
 
 
-def _actor_fields(actor: Actor) -> tuple[str, int | None]:
+def actor_fields(actor: Actor) -> tuple[str, int | None]:
     if actor is None:
         return SYSTEM, None
     if isinstance(actor, str):
@@ -96,7 +97,7 @@ def _event(
     steps: Iterable[Step] = (),
     **data: Any,
 ) -> Event:
-    name, user_id = _actor_fields(actor)
+    name, user_id = actor_fields(actor)
     changes = {str(step.pk): _state(step) for step in steps}
     if changes:
         data["steps"] = changes
@@ -143,8 +144,12 @@ def _settle_task(task: Task, steps: Sequence[Step] | None = None) -> str:
     return status
 
 
-def _lock_task(task_id: int) -> Task:
+def lock_task(task_id: int) -> Task:
+    """Lock a task row: every transition of a task takes this lock first."""
     return Task.objects.select_for_update().get(pk=task_id)
+
+
+_lock_task = lock_task
 
 
 # --- enqueue -----------------------------------------------------------------------------
@@ -287,7 +292,7 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
        the ORM after looking the keys up.
     3. Compare the items whose key was taken with the task that holds it.
     """
-    author, user_id = _actor_fields(actor)
+    author, user_id = actor_fields(actor)
     firsts: dict[str, int] = {}
     unique: list[tuple[int, PreparedItem]] = []
     for index, item in enumerate(items):
@@ -672,6 +677,202 @@ def fail_step(
     return False
 
 
+# --- steps a person decides -------------------------------------------------------------
+
+
+def await_decision(claim: Claim, wait: AwaitDecision) -> bool:
+    """Park a claimed approval step until a person decides (DESIGN rule 9).
+
+    The step goes to ``waiting_approval`` with its lease released, ``wait.open_request``
+    records the request, and the ``approval_requested`` event is written, all in one
+    transaction. A cancel requested while the handler ran cancels the step instead.
+    False if the claim is stale.
+    """
+    with transaction.atomic():
+        task = lock_task(claim.task_id)
+        step = _held_step(claim)
+        if step is not None:
+            step.lease_expires_at = None
+            _release(step, claim.token, Lease.Outcome.WAITING)
+            actor = f"worker:{claim.worker_id}"
+            if task.cancel_requested_at is not None:
+                step.status = StepStatus.CANCELLED
+                step.finished_at = db_now()
+                step.save(update_fields=["status", "finished_at", "lease_expires_at"])
+                status = _settle_task(task)
+                _event(
+                    EventKind.CANCELLED,
+                    task_id=task.pk,
+                    step_id=step.pk,
+                    actor=actor,
+                    reason="cancel requested while the approval step ran",
+                    steps=[step],
+                    task_status=status,
+                )
+                return True
+            step.status = StepStatus.WAITING_APPROVAL
+            step.save(update_fields=["status", "lease_expires_at"])
+            data = wait.open_request(task, step)
+            status = _settle_task(task)
+            _event(
+                EventKind.APPROVAL_REQUESTED,
+                task_id=task.pk,
+                step_id=step.pk,
+                actor=actor,
+                steps=[step],
+                token=claim.token,
+                task_status=status,
+                **data,
+            )
+            return True
+    reject_stale(claim, "await_decision")
+    return False
+
+
+def _waiting_step(task: Task, step_id: int) -> Step:
+    step = Step.objects.select_for_update().get(pk=step_id, task=task)
+    if step.status != StepStatus.WAITING_APPROVAL:
+        raise InvalidTransition(f"step {step.kind} of task #{task.pk} is {step.status}")
+    return step
+
+
+def close_gate(
+    task: Task,
+    step_id: int,
+    *,
+    outcome: str,
+    kind: str,
+    actor: Actor,
+    reason: str = "",
+    result: Any = None,
+    error: str = "",
+    **data: Any,
+) -> str:
+    """Settle a waiting approval step; the caller holds the task's lock (:func:`lock_task`)
+    and has recorded the decision. Returns the task's new status.
+
+    ``outcome`` is ``succeeded`` (approved: ``result`` is stored and the next step made
+    due), ``cancelled`` (rejected, or expired under the cancel policy: the task's
+    remaining steps are cancelled with it) or ``dead`` (expired under the dead-letter
+    policy: ``error`` says why, and on-call redrives or cancels). One event of ``kind``
+    with ``actor`` and ``reason`` records the change.
+    """
+    step = _waiting_step(task, step_id)
+    now = db_now()
+    changed = [step]
+    bells: list[Doorbell] = []
+    step.finished_at = now
+    if outcome == StepStatus.SUCCEEDED:
+        step.status = StepStatus.SUCCEEDED
+        step.result = result
+        step.save(update_fields=["status", "result", "finished_at"])
+        changed += _unblock_next(task, step, now)
+        bells = [Doorbell(s.pk, s.queue) for s in changed[1:]]
+    elif outcome == StepStatus.CANCELLED:
+        step.status = StepStatus.CANCELLED
+        step.save(update_fields=["status", "finished_at"])
+        rest = list(
+            task.steps.select_for_update()
+            .filter(status__in=(StepStatus.BLOCKED, StepStatus.PENDING))
+            .order_by("position")
+        )
+        for other in rest:
+            other.status = StepStatus.CANCELLED
+            other.finished_at = now
+        Step.objects.bulk_update(rest, ["status", "finished_at"])
+        changed += rest
+    elif outcome == StepStatus.DEAD:
+        step.status = StepStatus.DEAD
+        step.error_class = kind
+        step.last_error = error
+        step.save(update_fields=["status", "finished_at", "error_class", "last_error"])
+    else:
+        raise ValueError(f"close_gate: unknown outcome {outcome!r}")
+    status = _settle_task(task)
+    _event(
+        kind,
+        task_id=task.pk,
+        step_id=step.pk,
+        actor=actor,
+        reason=reason,
+        steps=changed,
+        task_status=status,
+        **data,
+    )
+    ring_on_commit(bells)
+    return status
+
+
+def revise(
+    task: Task,
+    step_id: int,
+    *,
+    back_to: str,
+    actor: Actor,
+    reason: str,
+    change_request: dict[str, Any],
+    **data: Any,
+) -> list[Step]:
+    """Send a task back from a waiting approval step to the step of kind ``back_to``.
+
+    The caller holds the task's lock. The current rows from ``back_to`` up to the approval
+    step become ``superseded`` (they stay as history); new rows for the same positions are
+    appended with the task's next revision number and step keys ending ``:r<n>``. The
+    first new row is due now and carries ``change_request`` for its handler. Returns the
+    new rows.
+    """
+    gate = _waiting_step(task, step_id)
+    current = {s.position: s for s in _current_steps(task)}
+    start = next(
+        (s.position for s in current.values() if s.kind == back_to and s.position < gate.position),
+        None,
+    )
+    if start is None:
+        raise InvalidTransition(f"task #{task.pk} has no step {back_to!r} before {gate.kind}")
+    replaced = [current[p] for p in range(start, gate.position + 1)]
+    revision = max(task.steps.values_list("revision", flat=True)) + 1
+    now = db_now()
+    for old in replaced:
+        old.status = StepStatus.SUPERSEDED
+        old.finished_at = old.finished_at or now
+    Step.objects.bulk_update(replaced, ["status", "finished_at"])
+    fresh = [
+        Step(
+            task=task,
+            position=old.position,
+            revision=revision,
+            kind=old.kind,
+            status=StepStatus.PENDING if old.position == start else StepStatus.BLOCKED,
+            queue=task.queue,
+            priority=task.priority,
+            max_attempts=old.max_attempts,
+            available_at=now if old.position == start else None,
+            dispatched_at=now if old.position == start else None,
+            idempotency_key=f"{task.key}:{old.position}:{old.kind}:r{revision}",
+            change_request={**change_request, "revision": revision}
+            if old.position == start
+            else None,
+        )
+        for old in replaced
+    ]
+    Step.objects.bulk_create(fresh)
+    status = _settle_task(task)
+    _event(
+        EventKind.CHANGES_REQUESTED,
+        task_id=task.pk,
+        step_id=gate.pk,
+        actor=actor,
+        reason=reason,
+        steps=[*replaced, *fresh],
+        revision=revision,
+        back_to=back_to,
+        task_status=status,
+        **data,
+    )
+    ring_on_commit([Doorbell(fresh[0].pk, fresh[0].queue)])
+    return fresh
+
+
 # --- the sweeper -------------------------------------------------------------------------
 
 
@@ -679,11 +880,30 @@ def fail_step(
 class SweepReport:
     reaped: int
     redispatched: int
+    # What the jobs other apps registered did (name -> count), e.g. expired approvals.
+    jobs: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"reaped": self.reaped, "redispatched": self.redispatched, **self.jobs}
+
+
+SweepJob = Callable[[int], int]
+_sweep_jobs: dict[str, SweepJob] = {}
+
+
+def register_sweep_job(name: str, job: SweepJob) -> None:
+    """Have the sweeper also run ``job(limit)`` (returning how many rows it handled); an
+    app building on the core registers its periodic work here, as approvals does for
+    expiry."""
+    _sweep_jobs[name] = job
 
 
 def sweep(*, limit: int = 500) -> SweepReport:
+    jobs = {name: job(limit) for name, job in list(_sweep_jobs.items())}
     return SweepReport(
-        reaped=reap_expired_leases(limit=limit), redispatched=redispatch_due(limit=limit)
+        reaped=reap_expired_leases(limit=limit),
+        redispatched=redispatch_due(limit=limit),
+        jobs=jobs,
     )
 
 
@@ -839,19 +1059,30 @@ def redrive(
     return locked
 
 
+def _is_approval(task: Task, step: Step) -> bool:
+    flow = registry.get(task.workflow, task.workflow_version)
+    spec = flow.step(step.position) if flow is not None else None
+    return spec is not None and spec.kind == step.kind and spec.approval
+
+
 def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
     """A person settles a dead step: ``done`` (it happened) or ``retry`` (it did not)."""
     _check_permission(actor, "resolve_task")
     reason = validation.require_text(reason, "reason")
     if outcome not in ("done", "retry"):
         raise InvalidInput("outcome", "choice", "outcome: must be 'done' or 'retry'")
-    name, _ = _actor_fields(actor)
+    name, _ = actor_fields(actor)
     with transaction.atomic():
         locked = _lock_task(task.pk)
         dead = _dead_steps(locked)
         if not dead:
             raise InvalidTransition(f"task #{task.pk} has no dead step to resolve")
         step = dead[0]
+        if outcome == "done" and _is_approval(locked, step):
+            raise InvalidTransition(
+                f"step {step.kind} of task #{task.pk} is an approval: only a person's "
+                "decision lets the task past it (redrive it for a new request, or cancel)"
+            )
         now = db_now()
         started = Effect.objects.filter(step=step, status=Effect.Status.STARTED)
         changed = [step]
@@ -911,10 +1142,14 @@ def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
         steps = list(
             locked.steps.select_for_update().filter(status__in=CANCELLABLE).order_by("position")
         )
+        before = {step.pk: step.status for step in steps}
         for step in steps:
             step.status = StepStatus.CANCELLED
             step.finished_at = now
         Step.objects.bulk_update(steps, ["status", "finished_at"])
+        steps_cancelled.send(
+            sender=Task, task=locked, steps=steps, before=before, actor=actor, reason=reason
+        )
         running = locked.steps.filter(status=StepStatus.RUNNING).exists()
         if running:
             locked.cancel_requested_at = now
@@ -948,7 +1183,7 @@ def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
     _check_permission(actor, "pause_queue")
     queue = _check_queue(name)
     reason = validation.require_text(reason, "reason")
-    who, _ = _actor_fields(actor)
+    who, _ = actor_fields(actor)
     with transaction.atomic():
         state, _ = QueueState.objects.select_for_update().get_or_create(name=queue)
         if state.paused == paused:

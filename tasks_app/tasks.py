@@ -16,5 +16,4 @@ def run_step(step_id: int) -> None:
 
 @shared_task(name="tasks_app.tasks.sweep", ignore_result=True)
 def sweep() -> dict[str, int]:
-    report = services.sweep()
-    return {"reaped": report.reaped, "redispatched": report.redispatched}
+    return services.sweep().as_dict()

@@ -17,6 +17,7 @@ from .exceptions import UnknownWorkflow
 
 if TYPE_CHECKING:
     from .effects import Effects
+    from .models import Step, Task
 
 Handler = Callable[["StepContext"], Any]
 PayloadValidator = Callable[[dict[str, Any]], None]
@@ -29,6 +30,10 @@ class StepSpec:
     ``timeout`` bounds one attempt: past it the heartbeat stops renewing the lease, so a
     hung handler loses its lease, is reaped and retried, and its late writes are fenced.
     It is also handed to the handler (``ctx.timeout``) for its own remote calls.
+
+    ``approval`` marks a step a person decides: its handler returns
+    :class:`AwaitDecision`, and a dead one is never resolved as done by hand (only a new
+    decision lets the task past it).
     """
 
     kind: str
@@ -38,6 +43,7 @@ class StepSpec:
     backoff_base: float = 1.0
     backoff_cap: float = 300.0
     timeout: float | None = None
+    approval: bool = False
 
     def __post_init__(self) -> None:
         if not self.kind or ":" in self.kind:
@@ -108,6 +114,19 @@ registry = Registry()
 register = registry.register
 
 
+@dataclass(frozen=True)
+class AwaitDecision:
+    """Returned by an approval step's handler: park the step until a person decides.
+
+    ``open_request(task, step)`` runs inside the transaction that parks the step (the task
+    row locked), so whatever it records commits together with the step's
+    ``waiting_approval`` status and the ``approval_requested`` event; it returns the
+    event's data.
+    """
+
+    open_request: Callable[[Task, Step], dict[str, Any]]
+
+
 @dataclass
 class StepContext:
     """What a handler gets: its input, earlier results, and its place in the retry story."""
@@ -121,6 +140,11 @@ class StepContext:
     step_key: str
     effects: Effects
     timeout: float | None = None
+    # 0 for the rows made at enqueue; n for rows a request for changes appended.
+    revision: int = 0
+    # On a revision's first row: what the reviewer asked for (``comment``, ``by``,
+    # ``previous_draft``, ``revision``).
+    change_request: Mapping[str, Any] | None = None
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
 

@@ -23,6 +23,7 @@ from django.db.models import F
 from tasks_app.dispatch import publisher
 from tasks_app.history import TaskState, fold
 from tasks_app.models import Step, Task
+from tests.remotes import LoopbackRemote, loopback_remotes
 
 BROKER_PREFIX = os.environ.get("TASKS_BROKER_PREFIX", "")
 
@@ -37,6 +38,10 @@ def ensure_groups() -> None:
             "tasks_app.migrations.0002_event_append_only_and_groups"
         )
         migration.create_groups(django_apps, None)
+    if not Group.objects.filter(name="editors").exists():
+        importlib.import_module("approvals.migrations.0002_editors_group").create_group(
+            django_apps, None
+        )
 
 
 def _user(username: str, *groups: str, superuser: bool = False) -> User:
@@ -63,6 +68,22 @@ def auditor(db: None) -> User:
 @pytest.fixture
 def outsider(db: None) -> User:
     return _user("otto-outsider")
+
+
+@pytest.fixture
+def editor(db: None) -> User:
+    return _user("edith-editor", "editors")
+
+
+@pytest.fixture
+def other_editor(db: None) -> User:
+    return _user("eddie-editor", "editors")
+
+
+@pytest.fixture
+def author(db: None) -> User:
+    """An editor who also writes: enqueues tasks, so may not decide on them."""
+    return _user("ava-author", "editors")
 
 
 @pytest.fixture
@@ -104,6 +125,19 @@ def worker_thread(target: Callable[[], object], errors: list[BaseException]) -> 
             connection.close()
 
     return threading.Thread(target=work)
+
+
+# --- remote systems -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def remotes(settings: Any) -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
+    """The publishing and mail remotes on loopback, with a short client timeout."""
+    with loopback_remotes() as (publishing, mail):
+        settings.PUBLISH_URL = publishing.url
+        settings.MAIL_URL = mail.url
+        settings.REMOTE_TIMEOUT_SECONDS = 0.5
+        yield publishing, mail
 
 
 # --- the broker -----------------------------------------------------------------------------

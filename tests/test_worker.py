@@ -714,7 +714,8 @@ def test_a_lost_message_is_rung_again_by_the_sweeper_once_per_interval(
     assert broker.step_ids() == [step.pk]  # rung after commit
     broker.purge()  # ... and lost
 
-    assert services.sweep() == services.SweepReport(reaped=0, redispatched=0)
+    report = services.sweep()
+    assert (report.reaped, report.redispatched) == (0, 0)
     assert broker.step_ids() == []
 
     backdate(step, seconds=settings.TASKS_REDISPATCH_SECONDS + 1)

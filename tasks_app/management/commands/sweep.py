@@ -8,8 +8,11 @@ from tasks_app import services
 
 
 class Command(BaseCommand):
-    help = "Run the sweeper once: reap expired leases and re-dispatch due steps."
+    help = (
+        "Run the sweeper once: reap expired leases, re-dispatch due steps, and run the "
+        "jobs other apps registered (approval expiry)."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = services.sweep()
-        self.stdout.write(f"reaped {report.reaped}, re-dispatched {report.redispatched}")
+        self.stdout.write(", ".join(f"{name} {count}" for name, count in report.as_dict().items()))

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from . import fakes
+
+app_name = "fakes"
+
+urlpatterns = [
+    path("publish/", fakes.publish_endpoint, name="publish"),
+    path("mail/", fakes.mail_endpoint, name="mail"),
+]

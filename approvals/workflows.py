@@ -1,0 +1,211 @@
+"""The shipped workflows with an editor in the loop (DESIGN §3).
+
+``publish_article``: ``generate_draft`` -> ``editor_review`` (group editors, 48 h, then
+dead-letters for on-call) -> ``publish`` (the remote honours idempotency keys, so a
+timeout is retried with the same key) -> ``cleanup``.
+
+``ticket_reply``: ``lookup_customer`` -> ``draft_reply`` -> ``review`` (group editors,
+24 h, then cancels) -> ``send`` (the remote has no idempotency keys, so a timeout after
+sending dead-letters as ``outcome_unknown`` for a person to resolve).
+
+The steps after a review send exactly the draft that was approved: they check its hash
+against the one the approval recorded.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+from tasks_app.exceptions import InvalidPayload, PermanentError
+from tasks_app.workflows import StepContext, StepSpec, Workflow, register
+
+from . import remote
+from .steps import approval_step, check_workflow, draft_hash
+
+# --- payloads ------------------------------------------------------------------------------
+
+
+def _fields(payload: dict[str, Any], limits: dict[str, int]) -> None:
+    """Exactly the named fields, each a non-empty string within its length limit."""
+    for name in sorted(set(payload) - set(limits)):
+        raise InvalidPayload(f"payload.{name}", "known_field", f"payload.{name}: not a field")
+    for name, limit in limits.items():
+        value = payload.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidPayload(
+                f"payload.{name}", "required", f"payload.{name}: a non-empty string is required"
+            )
+        if len(value) > limit:
+            raise InvalidPayload(
+                f"payload.{name}", "max_length", f"payload.{name}: at most {limit} characters"
+            )
+
+
+def validate_article(payload: dict[str, Any]) -> None:
+    _fields(payload, {"article_id": 100, "title": 300, "brief": 10_000})
+
+
+def validate_ticket(payload: dict[str, Any]) -> None:
+    _fields(payload, {"ticket_id": 100, "customer_id": 100, "message": 10_000})
+
+
+def _approved(ctx: StepContext, draft_step: str, review_step: str) -> dict[str, Any]:
+    """The draft, once checked to be the one the review approved."""
+    draft: dict[str, Any] = ctx.results[draft_step]
+    approval = ctx.results[review_step]
+    if draft_hash(draft) != approval["draft_hash"]:
+        raise PermanentError(f"the {draft_step} result is not the draft that was approved")
+    return draft
+
+
+def _revision_note(ctx: StepContext) -> str:
+    change = ctx.change_request
+    return f"\n\n(Revision {ctx.revision}, as asked: {change['comment']})" if change else ""
+
+
+# --- publish_article -------------------------------------------------------------------------
+
+
+def generate_draft(ctx: StepContext) -> dict[str, Any]:
+    payload = ctx.payload
+    return {
+        "article_id": payload["article_id"],
+        "title": payload["title"],
+        "body": f"{payload['title']}\n\n{payload['brief']}{_revision_note(ctx)}",
+        "revision": ctx.revision,
+    }
+
+
+def publish(ctx: StepContext) -> dict[str, Any]:
+    draft = _approved(ctx, "generate_draft", "editor_review")
+    approval = ctx.results["editor_review"]
+    answer = ctx.effects.run(
+        "publish",
+        lambda key: remote.post_json(
+            settings.PUBLISH_URL,
+            {
+                "article_id": draft["article_id"],
+                "title": draft["title"],
+                "body": draft["body"],
+                "approved_by": approval["approved_by"],
+            },
+            idempotency_key=key,
+            honours_key=True,
+        ),
+        idempotent_remote=True,
+    )
+    return {"remote_id": answer.get("id"), "draft_hash": approval["draft_hash"]}
+
+
+def cleanup(ctx: StepContext) -> dict[str, Any]:
+    # Earlier revisions were working copies; the published one is kept by the remote.
+    return {
+        "article_id": ctx.payload["article_id"],
+        "published_as": ctx.results["publish"]["remote_id"],
+        "discarded_revisions": ctx.results["generate_draft"]["revision"],
+    }
+
+
+PUBLISH_ARTICLE = register(
+    check_workflow(
+        Workflow(
+            "publish_article",
+            1,
+            steps=(
+                StepSpec("generate_draft", generate_draft),
+                approval_step(
+                    "editor_review",
+                    draft_from="generate_draft",
+                    action="publish",
+                    summary=lambda ctx: (
+                        f"Publishes article {ctx.payload['article_id']} "
+                        f"“{ctx.payload['title']}” to {settings.PUBLISH_URL}"
+                    ),
+                    group="editors",
+                    expires_after=timedelta(hours=48),
+                    on_expiry="dead_letter",
+                ),
+                StepSpec("publish", publish, max_attempts=5, backoff_base=1.0, backoff_cap=60.0),
+                StepSpec("cleanup", cleanup),
+            ),
+            validate_payload=validate_article,
+            description="Draft an article, have an editor approve it, publish it once.",
+        )
+    )
+)
+
+
+# --- ticket_reply ----------------------------------------------------------------------------
+
+
+def lookup_customer(ctx: StepContext) -> dict[str, Any]:
+    # The customer directory of the demo: derived from the id, so every id resolves.
+    customer_id = ctx.payload["customer_id"]
+    return {
+        "customer_id": customer_id,
+        "name": customer_id.replace("-", " ").replace("_", " ").title(),
+        "email": f"{customer_id}@customers.example",
+    }
+
+
+def draft_reply(ctx: StepContext) -> dict[str, Any]:
+    customer = ctx.results["lookup_customer"]
+    message = ctx.payload["message"]
+    return {
+        "to": customer["email"],
+        "subject": f"Re: ticket {ctx.payload['ticket_id']}",
+        "body": (
+            f"Hello {customer['name']},\n\nThank you for writing to us about:\n> {message}\n\n"
+            f"We are on it and will follow up shortly.{_revision_note(ctx)}"
+        ),
+        "revision": ctx.revision,
+    }
+
+
+def send(ctx: StepContext) -> dict[str, Any]:
+    draft = _approved(ctx, "draft_reply", "review")
+    answer = ctx.effects.run(
+        "send",
+        lambda key: remote.post_json(
+            settings.MAIL_URL,
+            {"to": draft["to"], "subject": draft["subject"], "body": draft["body"]},
+            idempotency_key=key,
+            honours_key=False,
+        ),
+        idempotent_remote=False,
+    )
+    return {"message_id": answer.get("id"), "to": draft["to"]}
+
+
+TICKET_REPLY = register(
+    check_workflow(
+        Workflow(
+            "ticket_reply",
+            1,
+            steps=(
+                StepSpec("lookup_customer", lookup_customer),
+                StepSpec("draft_reply", draft_reply),
+                approval_step(
+                    "review",
+                    draft_from="draft_reply",
+                    action="send",
+                    summary=lambda ctx: (
+                        f"Sends a reply to {ctx.results['lookup_customer']['email']} "
+                        f"on ticket {ctx.payload['ticket_id']}"
+                    ),
+                    group="editors",
+                    expires_after=timedelta(hours=24),
+                    on_expiry="cancel",
+                ),
+                # The mail remote cannot deduplicate: failures before sending are
+                # retried, a timeout after sending waits for a person.
+                StepSpec("send", send, max_attempts=3, backoff_base=1.0, backoff_cap=60.0),
+            ),
+            validate_payload=validate_ticket,
+            description="Draft a reply to a support ticket, have an editor approve it, send it.",
+        )
+    )
+)

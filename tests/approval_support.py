@@ -1,0 +1,56 @@
+"""Helpers for tests of the approval workflows: fake remotes on loopback, and running a
+task's due steps in this process until it waits for a person or settles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, ApprovalStatus
+from tasks_app import runner, services
+from tasks_app.models import Step, StepStatus, Task
+from tests.conftest import backdate
+
+ARTICLE = {"article_id": "article-001", "title": "Launch day", "brief": "What ships and why."}
+TICKET = {"ticket_id": "T-42", "customer_id": "acme-corp", "message": "My invoice is wrong."}
+
+
+def article(actor: Any = "cli:producer", key: str = "publish:article-001:v1") -> Task:
+    return services.enqueue("publish_article", ARTICLE, idempotency_key=key, actor=actor).task
+
+
+def ticket(actor: Any = "cli:producer", key: str = "reply:T-42") -> Task:
+    return services.enqueue("ticket_reply", TICKET, idempotency_key=key, actor=actor).task
+
+
+def advance(task: Task, *, skip_backoff: bool = False, limit: int = 20) -> Task:
+    """Run the task's due steps, one claim at a time, until none is due; return it fresh.
+
+    With ``skip_backoff`` a retry's wait is skipped by back-dating the step.
+    """
+    for _ in range(limit):
+        step = task.steps.filter(status=StepStatus.PENDING).order_by("position").first()
+        if step is None:
+            break
+        if step.available_at and step.available_at > timezone.now():
+            if not skip_backoff:
+                break
+            backdate(step)
+        assert runner.run_claimed(step.pk), f"step {step.kind} could not be claimed"
+    task.refresh_from_db()
+    return task
+
+
+def pending_request(task: Task) -> ApprovalRequest:
+    return ApprovalRequest.objects.get(task=task, status=ApprovalStatus.PENDING)
+
+
+def current(task: Task, kind: str) -> Step:
+    return task.steps.exclude(status=StepStatus.SUPERSEDED).get(kind=kind)
+
+
+def result_of(task: Task, kind: str) -> Any:
+    step = current(task, kind)
+    assert step.result is not None, f"step {kind} has no result"
+    return step.result
