@@ -15,13 +15,17 @@ from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import connection
 
+from approvals import services as approvals
 from tasks_app import services
 from tasks_app.dispatch import Doorbell, publish
 from tasks_app.models import Event, Lease, Step, Task, TaskStatus
 
+from .approval_support import ARTICLE, pending_request
 from .e2e_support import Worker, database_url, wait_for
+from .remotes import LoopbackRemote, loopback_remotes
 
 pytestmark = [
     pytest.mark.e2e,
@@ -36,7 +40,18 @@ RUN_STEP_DONE = r"Task tasks_app\.tasks\.run_step\[[^\]]+\] succeeded in"
 
 
 @pytest.fixture(scope="module")
-def worker(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+def module_remotes() -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
+    """The publishing and mail remotes the worker's workflows call, on loopback."""
+    with loopback_remotes() as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def worker(
+    django_db_setup: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    module_remotes: tuple[LoopbackRemote, LoopbackRemote],
+) -> Iterator[Worker]:
     """One worker for the module, on the test database and this run's broker keys."""
     if connection.vendor != "postgresql" or not settings.REDIS_URL:
         pytest.fail("the Celery end-to-end tests need PostgreSQL and Redis: run `make test`")
@@ -53,6 +68,8 @@ def worker(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> I
         "TASKS_REDISPATCH_SECONDS": "1",
         # Beat's schedule file goes here; the folder does not exist yet (settings make it).
         "TASKS_VAR_DIR": str(folder / "var"),
+        "PUBLISH_URL": module_remotes[0].url,
+        "MAIL_URL": module_remotes[1].url,
     }
     process = Worker(["-c", "2", "-B", "--loglevel=INFO"], env=env, log_path=folder / "worker.log")
     try:
@@ -207,3 +224,45 @@ def test_a_step_whose_worker_process_dies_is_reaped_and_run_again(worker: Worker
     second = step.leases.get(token=2)
     assert second.worker_id != first.worker_id
     assert second.acquired_at >= first.expires_at
+
+
+def test_an_article_is_drafted_reviewed_and_published_once_by_a_real_worker(
+    worker: Worker, editor: User, module_remotes: tuple[LoopbackRemote, LoopbackRemote]
+) -> None:
+    publishing, _ = module_remotes
+    mark = worker.mark()
+
+    task = services.enqueue(
+        "publish_article", ARTICLE, idempotency_key="e2e-publish:article-001", actor="test:e2e"
+    ).task
+
+    wait_for(
+        lambda: Task.objects.filter(pk=task.pk, status=TaskStatus.WAITING_APPROVAL).exists(),
+        timeout=60,
+        what=lambda: f"task #{task.pk} to wait for an editor\n{worker.tail()}",
+    )
+    request = pending_request(task)
+    assert publishing.received == []  # nothing goes out before a person decides
+    approvals.approve(request, actor=editor, comment="Ship it", draft_hash=request.draft_hash)
+
+    task = settle(task, worker)
+    assert task.status == TaskStatus.SUCCEEDED
+    assert [write["body"]["body"] for write in publishing.applied] == [request.draft["body"]]
+    assert [write["key"] for write in publishing.applied] == [
+        "e2e-publish:article-001:2:publish:publish"
+    ]
+    assert event_kinds(task) == [
+        "enqueued",
+        "claimed",
+        "succeeded",
+        "claimed",
+        "approval_requested",
+        "approved",
+        "claimed",
+        "succeeded",
+        "claimed",
+        "succeeded",
+    ]
+    approved = Event.objects.for_task(task.pk).get(kind="approved")
+    assert (approved.actor, approved.actor_user_id) == (editor.username, editor.pk)
+    worker.assert_quiet(since=mark)

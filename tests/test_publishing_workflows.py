@@ -1,0 +1,268 @@
+"""The shipped workflows against their remotes (fakes on loopback): publishing happens
+exactly once however often the step runs, and a mail whose fate is unknown waits for a
+person."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from approvals import fakes
+from approvals import services as approvals
+from tasks_app import runner, services
+from tasks_app.exceptions import InvalidPayload
+from tasks_app.models import Effect, Event, EventKind, Step, StepStatus, Task, TaskStatus
+from tests.approval_support import (
+    ARTICLE,
+    TICKET,
+    advance,
+    article,
+    current,
+    pending_request,
+    result_of,
+    ticket,
+)
+from tests.conftest import backdate
+from tests.remotes import LoopbackRemote
+
+Remotes = tuple[LoopbackRemote, LoopbackRemote]
+
+
+def _approved(task: Task, editor: User) -> Task:
+    """Run the task to its review and approve what it shows."""
+    task = advance(task)
+    request = pending_request(task)
+    approvals.approve(request, actor=editor, draft_hash=request.draft_hash)
+    return task
+
+
+def _dead_letter_reason(task: Task) -> str:
+    return str(
+        Event.objects.for_task(task.pk).filter(kind=EventKind.DEAD_LETTERED).latest("id").reason
+    )
+
+
+# --- publish: the remote honours idempotency keys ---------------------------------------------
+
+
+def test_publish_publishes_once_when_the_step_runs_twice(
+    db: None, editor: User, remotes: Remotes
+) -> None:
+    publishing, _ = remotes
+    task = _approved(article(), editor)
+    step = current(task, "publish")
+    claim = services.claim_step(step.pk, worker_id="doomed-worker")
+    assert claim is not None
+    # The handler publishes, then its worker dies before recording the step's result.
+    runner._run_one(claim, Step.objects.select_related("task").get(pk=step.pk))
+    assert len(publishing.applied) == 1
+    backdate(step)  # its lease runs out ...
+    assert services.sweep().reaped == 1  # ... and the step is due again
+
+    task = advance(task)
+
+    assert task.status == TaskStatus.SUCCEEDED
+    step.refresh_from_db()
+    assert (step.fencing_token, step.attempts) == (2, 2)
+    # The second attempt found the recorded result and did not call again.
+    assert len(publishing.received) == 1
+    assert result_of(task, "publish")["remote_id"] == publishing.applied[0]["id"]
+
+
+def test_publish_publishes_once_when_the_endpoint_times_out_after_accepting(
+    db: None, editor: User, remotes: Remotes
+) -> None:
+    publishing, _ = remotes
+    task = _approved(article(), editor)
+    publishing.time_out_after_accepting(1)
+
+    task = advance(task)  # the first attempt times out waiting for the answer
+
+    step = current(task, "publish")
+    assert (step.status, step.attempts) == (StepStatus.PENDING, 1)
+    assert step.error_class == "builtins.TimeoutError"
+    effect = Effect.objects.get(step=step)
+    assert effect.status == Effect.Status.STARTED
+
+    task = advance(task, skip_backoff=True)  # the retry sends the same key again
+
+    assert task.status == TaskStatus.SUCCEEDED
+    keys = [call["key"] for call in publishing.received]
+    assert keys == [effect.key, effect.key]
+    assert len(publishing.applied) == 1
+    effect.refresh_from_db()
+    assert effect.status == Effect.Status.DONE
+
+
+def test_publish_refuses_a_draft_other_than_the_approved_one(
+    db: None, editor: User, remotes: Remotes
+) -> None:
+    publishing, _ = remotes
+    task = _approved(article(), editor)
+    Step.objects.filter(pk=current(task, "generate_draft").pk).update(
+        result={**result_of(task, "generate_draft"), "body": "not what the editor read"}
+    )
+
+    task = advance(task)
+
+    assert task.status == TaskStatus.DEAD
+    assert "not the draft that was approved" in current(task, "publish").last_error
+    assert publishing.received == []
+
+
+def test_a_refusing_remote_dead_letters_publish_without_leaving_an_unknown_effect(
+    db: None, editor: User, settings: Any, remotes: Remotes
+) -> None:
+    # Not an http(s) URL: refused before anything is sent.
+    settings.PUBLISH_URL = "file:///etc/passwd"
+    task = advance(_approved(article(), editor))
+
+    assert task.status == TaskStatus.DEAD
+    assert _dead_letter_reason(task) == "permanent_error"
+    assert not Effect.objects.filter(step=current(task, "publish")).exists()
+
+
+def test_an_unreachable_remote_is_retried_and_nothing_is_left_started(
+    db: None, editor: User, settings: Any, remotes: Remotes
+) -> None:
+    publishing, _ = remotes
+    url = publishing.url
+    publishing.stop()  # nobody listens on its port any more
+    settings.PUBLISH_URL = url
+    task = advance(_approved(article(), editor))
+
+    step = current(task, "publish")
+    assert (step.status, step.attempts) == (StepStatus.PENDING, 1)
+    assert step.error_class == "tasks_app.exceptions.EffectNotApplied"
+    assert not Effect.objects.filter(step=step).exists()
+
+
+# --- send: the mail remote does not deduplicate ---------------------------------------------------
+
+
+def _timed_out_reply(editor: User, mail: LoopbackRemote) -> Task:
+    task = _approved(ticket(), editor)
+    mail.time_out_after_accepting(1)
+    task = advance(task)
+    assert task.status == TaskStatus.DEAD
+    assert _dead_letter_reason(task) == "outcome_unknown"
+    assert current(task, "send").error_class == "tasks_app.exceptions.OutcomeUnknown"
+    assert len(mail.applied) == 1  # it did go out, which only the remote knows
+    return task
+
+
+def test_a_send_that_timed_out_waits_for_a_person_who_says_it_happened(
+    db: None, editor: User, oncall: User, remotes: Remotes
+) -> None:
+    _, mail = remotes
+    task = _timed_out_reply(editor, mail)
+
+    services.resolve(task, actor=oncall, reason="customer confirms receipt", outcome="done")
+
+    task.refresh_from_db()
+    assert task.status == TaskStatus.SUCCEEDED
+    assert result_of(task, "send")["note"] == "customer confirms receipt"
+    assert Effect.objects.get(step=current(task, "send")).status == Effect.Status.DONE
+    assert len(mail.received) == 1  # no second mail
+
+
+def test_a_send_that_timed_out_waits_for_a_person_who_says_it_did_not(
+    db: None, editor: User, oncall: User, remotes: Remotes
+) -> None:
+    _, mail = remotes
+    task = _timed_out_reply(editor, mail)
+
+    services.resolve(task, actor=oncall, reason="not in the mail log", outcome="retry")
+    task = advance(task)
+
+    assert task.status == TaskStatus.SUCCEEDED
+    # Sent again, with the same step key: the person's call, and the ledger followed it.
+    assert [call["key"] for call in mail.received] == [
+        "reply:T-42:3:send:send",
+        "reply:T-42:3:send:send",
+    ]
+    assert result_of(task, "send")["message_id"] == mail.applied[-1]["id"]
+
+
+def test_a_ticket_reply_sends_the_approved_draft_once(
+    db: None, editor: User, remotes: Remotes
+) -> None:
+    _, mail = remotes
+    task = advance(_approved(ticket(), editor))
+
+    assert task.status == TaskStatus.SUCCEEDED
+    draft = result_of(task, "draft_reply")
+    assert [write["body"] for write in mail.applied] == [
+        {"to": "acme-corp@customers.example", "subject": "Re: ticket T-42", "body": draft["body"]}
+    ]
+    assert "Acme Corp" in draft["body"] and TICKET["message"] in draft["body"]
+
+
+# --- payloads -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("workflow", "payload", "field", "rule"),
+    [
+        ("publish_article", {**ARTICLE, "title": ""}, "payload.title", "required"),
+        ("publish_article", {"article_id": "a", "title": "t"}, "payload.brief", "required"),
+        ("publish_article", {**ARTICLE, "title": 7}, "payload.title", "required"),
+        ("publish_article", {**ARTICLE, "title": "t" * 301}, "payload.title", "max_length"),
+        ("publish_article", {**ARTICLE, "extra": "x"}, "payload.extra", "known_field"),
+        ("ticket_reply", {**TICKET, "customer_id": " "}, "payload.customer_id", "required"),
+        ("ticket_reply", {**TICKET, "message": "m" * 10_001}, "payload.message", "max_length"),
+    ],
+)
+def test_a_bad_payload_is_refused_naming_the_field_and_nothing_is_stored(
+    db: None, workflow: str, payload: dict[str, Any], field: str, rule: str
+) -> None:
+    with pytest.raises(InvalidPayload) as refused:
+        services.enqueue(workflow, payload, idempotency_key="bad:1")
+
+    assert (refused.value.field, refused.value.rule) == (field, rule)
+    assert field in str(refused.value)
+    assert not Task.objects.exists() and not Event.objects.exists()
+
+
+# --- the fakes the app serves for `make run` -----------------------------------------------
+
+
+@pytest.fixture
+def served_fakes() -> Any:
+    fakes.publishing.reset()
+    fakes.mail.reset()
+    yield fakes.publishing, fakes.mail
+    fakes.publishing.reset()
+    fakes.mail.reset()
+
+
+def _post(client: Client, url: str, body: Any, key: str) -> Any:
+    return client.post(
+        url, json.dumps(body), content_type="application/json", headers={"Idempotency-Key": key}
+    )
+
+
+def test_the_served_publishing_fake_applies_a_key_once(client: Client, served_fakes: Any) -> None:
+    publishing, _ = served_fakes
+    first = _post(client, "/fake/publish/", {"title": "a"}, "k-1")
+    again = _post(client, "/fake/publish/", {"title": "a"}, "k-1")
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == {**first.json(), "replayed": True}
+    assert len(publishing.applied) == 1
+    assert client.get("/fake/publish/").json()["applied"] == publishing.applied
+
+
+def test_the_served_mail_fake_sends_every_request(client: Client, served_fakes: Any) -> None:
+    _, mail = served_fakes
+    first = _post(client, "/fake/mail/", {"to": "a@example.org"}, "k-1")
+    again = _post(client, "/fake/mail/", {"to": "a@example.org"}, "k-1")
+
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert first.json()["id"] != again.json()["id"]
+    assert len(mail.applied) == 2
+    assert client.post("/fake/mail/", "{oops", content_type="application/json").status_code == 400
