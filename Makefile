@@ -7,6 +7,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The demo workflows' remotes are fakes the web process serves; honcho hands each process
+# its own PORT, so the workers are told the web server's address explicitly.
+demo run: export PUBLISH_URL ?= http://$(HOST):$(PORT)/fake/publish/
+demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
 
 .PHONY: help install run migrate demo test test-fast lint format clean bench bench-quick
 

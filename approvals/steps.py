@@ -64,9 +64,9 @@ class Gate:
     send_back_to: str
 
     def __call__(self, ctx: StepContext) -> AwaitDecision:
-        if self.draft_from not in ctx.results:
+        draft = ctx.results.get(self.draft_from)
+        if draft is None:
             raise PermanentError(f"no draft to review: step {self.draft_from!r} has no result")
-        draft = ctx.results[self.draft_from]
         digest = draft_hash(draft)
         summary = self.summary(ctx) if callable(self.summary) else self.summary
 

@@ -208,11 +208,10 @@ TASKS_CLAIM_BATCH = env_int("TASKS_CLAIM_BATCH", 50)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
 # The remotes of publish_article and ticket_reply. Unset, they are the fakes this app
-# serves itself (``/fake/publish/``, ``/fake/mail/``) on the port `make run` uses.
+# serves itself under /fake/ (`make run` sets them for the port it serves on).
 TASKS_FAKE_REMOTES = env_bool("TASKS_FAKE_REMOTES", default=not PRODUCTION)
-_FAKES = f"http://127.0.0.1:{env_int('PORT', 8000)}/fake"
-PUBLISH_URL = env_str("PUBLISH_URL", f"{_FAKES}/publish/")
-MAIL_URL = env_str("MAIL_URL", f"{_FAKES}/mail/")
+PUBLISH_URL = env_str("PUBLISH_URL", "http://127.0.0.1:8000/fake/publish/")
+MAIL_URL = env_str("MAIL_URL", "http://127.0.0.1:8000/fake/mail/")
 # Seconds a remote call may take before it counts as timed out.
 REMOTE_TIMEOUT_SECONDS = env_int("REMOTE_TIMEOUT_SECONDS", 10)
 

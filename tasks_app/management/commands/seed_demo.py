@@ -7,7 +7,8 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from tasks_app import services
+from tasks_app import runner, services
+from tasks_app.models import StepStatus, Task
 
 # username -> (groups, superuser)
 DEMO_USERS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -30,7 +31,27 @@ DEMO_TASKS: list[dict[str, Any]] = [
         "payload": {"fail_first": 5},
         "idempotency_key": "demo:flaky:dead-letter",
     },
+    {
+        "workflow": "publish_article",
+        "payload": {
+            "article_id": "article-001",
+            "title": "Durable tasks, explained",
+            "brief": "Why every step is claimed in the database before it runs.",
+        },
+        "idempotency_key": "demo:publish:article-001:v1",
+    },
+    {
+        "workflow": "ticket_reply",
+        "payload": {
+            "ticket_id": "T-1001",
+            "customer_id": "acme-corp",
+            "message": "Our invoice for November lists the wrong plan.",
+        },
+        "idempotency_key": "demo:reply:T-1001",
+    },
 ]
+# Brought to their review here, so an editor finds a draft waiting on first login.
+WAIT_FOR_EDITOR = {"demo:publish:article-001:v1"}
 
 
 class Command(BaseCommand):
@@ -43,6 +64,18 @@ class Command(BaseCommand):
         results = services.enqueue_many(DEMO_TASKS, actor="cli:seed_demo")
         created = sum(result.created for result in results)
         self.stdout.write(f"Demo tasks: {created} new, {len(results) - created} already there.")
+        for result in results:
+            if result.created and result.task.idempotency_key in WAIT_FOR_EDITOR:
+                self._run_to_review(result.task)
+
+    def _run_to_review(self, task: Task) -> None:
+        """Run the task's steps in this process until it waits for a decision."""
+        for _ in range(len(task.steps.all()) + 1):
+            step = task.steps.filter(status=StepStatus.PENDING).order_by("position").first()
+            if step is None or not runner.run_claimed(step.pk):
+                break
+        task.refresh_from_db()
+        self.stdout.write(f"  task #{task.pk} {task.workflow}: {task.status}")
 
     def _user(self, username: str, groups: tuple[str, ...], superuser: bool) -> None:
         if User.objects.filter(username=username).exists():

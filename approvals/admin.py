@@ -1,0 +1,28 @@
+"""Approval requests in the admin, read-only: decisions go through approvals.services."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from tasks_app.admin import ReadOnlyMixin
+
+from .models import ApprovalRequest
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = (
+        "id",
+        "task",
+        "revision",
+        "status",
+        "action",
+        "approver_group",
+        "requested_by",
+        "decided_by",
+        "expires_at",
+    )
+    list_filter = ("status", "action", "approver_group")
+    search_fields = ("task__idempotency_key", "requested_by", "decided_by")
+    list_select_related = ("task",)
+    readonly_fields = [field.name for field in ApprovalRequest._meta.fields]
