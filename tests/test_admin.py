@@ -6,8 +6,10 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
+from approvals import services as approvals
+from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import runner, services
-from tasks_app.models import Task
+from tasks_app.models import StepStatus, Task, TaskStatus
 
 from .conftest import only_step
 
@@ -86,7 +88,15 @@ def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
     assert User.objects.get(username="oncall").groups.filter(name="oncall").exists()
     assert User.objects.get(username="auditor").groups.filter(name="auditors").exists()
     assert User.objects.get(username="admin").is_superuser
-    assert Task.objects.filter(idempotency_key__startswith="demo:").count() == 4
+    assert Task.objects.filter(idempotency_key__startswith="demo:").count() == 6
+    # An article waits for the demo editor, who is allowed to decide on it.
+    editor = User.objects.get(username="editor")
+    assert editor.groups.filter(name="editors").exists()
+    waiting = Task.objects.get(idempotency_key="demo:publish:article-001:v1")
+    assert waiting.status == TaskStatus.WAITING_APPROVAL
+    request = ApprovalRequest.objects.get(task=waiting, status=ApprovalStatus.PENDING)
+    approvals.approve(request, actor=editor, draft_hash=request.draft_hash)
+    assert waiting.steps.get(kind="publish").status == StepStatus.PENDING
     client = Client()
     password = first.split("admin")[1].split("password:")[1].split()[0]
     assert client.login(username="admin", password=password)

@@ -170,6 +170,31 @@ def test_a_send_that_timed_out_waits_for_a_person_who_says_it_happened(
     assert len(mail.received) == 1  # no second mail
 
 
+def test_the_events_of_a_ticket_whose_mail_was_resolved_tell_its_whole_story(
+    db: None, editor: User, oncall: User, remotes: Remotes
+) -> None:
+    _, mail = remotes
+    task = _timed_out_reply(editor, mail)
+    services.resolve(task, actor=oncall, reason="in the mail log", outcome="done")
+
+    events = list(Event.objects.for_task(task.pk))
+    assert [(event.kind, event.actor) for event in events] == [
+        (EventKind.ENQUEUED, "cli:producer"),
+        (EventKind.CLAIMED, "worker:" + events[1].actor.removeprefix("worker:")),
+        (EventKind.SUCCEEDED, events[1].actor),  # lookup_customer
+        (EventKind.CLAIMED, events[1].actor),
+        (EventKind.SUCCEEDED, events[1].actor),  # draft_reply
+        (EventKind.CLAIMED, events[1].actor),
+        (EventKind.APPROVAL_REQUESTED, events[1].actor),  # review
+        (EventKind.APPROVED, editor.username),
+        (EventKind.CLAIMED, events[1].actor),
+        (EventKind.DEAD_LETTERED, events[1].actor),  # send: outcome unknown
+        (EventKind.RESOLVED, oncall.username),
+    ]
+    assert events[-1].data["task_status"] == TaskStatus.SUCCEEDED
+    # (The autouse history check folds these events and compares them with the rows.)
+
+
 def test_a_send_that_timed_out_waits_for_a_person_who_says_it_did_not(
     db: None, editor: User, oncall: User, remotes: Remotes
 ) -> None:
