@@ -12,7 +12,8 @@ Each decision, in one transaction with the task row locked first (the core's loc
    writes the decision's Event with the actor.
 
 String actors (``"cli:alice"``) are trusted callers and skip the permission and list
-checks, but not the check on deciding one's own task.
+checks, but not the check on deciding one's own task. A decision without an actor is
+refused: it must say who made it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tasks_app import services as core
 from tasks_app.exceptions import (
     AlreadyDecided,
     ApprovalExpired,
+    InvalidInput,
     InvalidTransition,
     NotPermitted,
     StaleApproval,
@@ -146,7 +148,10 @@ def _decide(
 
 
 def _check_permission(actor: Actor) -> None:
-    if actor is None or isinstance(actor, str):
+    if actor is None or (isinstance(actor, str) and not actor.strip()):
+        # A decision always names who made it.
+        raise InvalidInput("actor", "required", "actor: a decision needs a user or a name")
+    if isinstance(actor, str):
         return
     if not actor.is_authenticated or not actor.has_perm(DECIDE_PERMISSION):
         raise NotPermitted("deciding approvals needs the decide permission (group editors)")
@@ -155,7 +160,7 @@ def _check_permission(actor: Actor) -> None:
 def _check_approver(request: ApprovalRequest, task: Task, actor: Actor) -> None:
     if _enqueued_by(task, actor):
         raise NotPermitted(f"you enqueued task #{task.pk}: someone else must decide on it")
-    if actor is None or isinstance(actor, str) or actor.is_superuser:
+    if isinstance(actor, str) or actor.is_superuser:
         return
     group, users = request.approver_group, request.approver_users or []
     if not group and not users:
@@ -173,8 +178,6 @@ def _check_approver(request: ApprovalRequest, task: Task, actor: Actor) -> None:
 def _enqueued_by(task: Task, actor: Actor) -> bool:
     """Whether ``actor`` enqueued ``task``: the same user, or a trusted caller's name for
     them (``"cli:alice"`` is alice)."""
-    if actor is None:
-        return False
     name, user_id = core.actor_fields(actor)
     if user_id is not None and task.created_by_user_id == user_id:
         return True

@@ -43,8 +43,10 @@ def _kinds(task: Task) -> list[str]:
     return list(Event.objects.for_task(task.pk).values_list("kind", flat=True))
 
 
-def _waiting_article(actor: Any = "cli:producer") -> tuple[Task, ApprovalRequest]:
-    task = advance(article(actor))
+def _waiting_article(
+    actor: Any = "cli:producer", key: str = "publish:article-001:v1"
+) -> tuple[Task, ApprovalRequest]:
+    task = advance(article(actor, key))
     assert task.status == TaskStatus.WAITING_APPROVAL
     return task, pending_request(task)
 
@@ -295,6 +297,28 @@ def test_a_command_line_enqueue_names_its_user_who_then_may_not_decide(
     with pytest.raises(NotPermitted, match="enqueued"):
         approvals.approve(approval, actor=editor)
     assert pending_request(task) == approval
+
+
+@pytest.mark.parametrize("actor", [None, "", "  "])
+def test_a_decision_must_say_who_made_it(db: None, actor: Any) -> None:
+    task, approval = _waiting_article()
+
+    with pytest.raises(InvalidInput) as refused:
+        approvals.approve(approval, actor=actor)
+
+    assert (refused.value.field, refused.value.rule) == ("actor", "required")
+    assert pending_request(task) == approval
+
+
+def test_a_trusted_caller_may_decide_by_name(db: None) -> None:
+    task, approval = _waiting_article(actor="cli:producer")
+
+    approvals.approve(approval, actor="cli:release-bot", comment="scheduled release")
+
+    approved = Event.objects.for_task(task.pk).get(kind=EventKind.APPROVED)
+    assert (approved.actor, approved.actor_user_id) == ("cli:release-bot", None)
+    with pytest.raises(NotPermitted, match="enqueued"):
+        approvals.approve(_waiting_article("cli:bot", "publish:article-002")[1], actor="cli:bot")
 
 
 def test_a_user_without_the_decide_permission_is_refused(db: None, outsider: User) -> None:
