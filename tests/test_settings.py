@@ -11,10 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_settings(**env: str) -> subprocess.CompletedProcess[str]:
+def load_settings(code: str = "print('ok')", **env: str) -> subprocess.CompletedProcess[str]:
+    """Set Django up in a fresh interpreter with ``env``, then run ``code``."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TASKS_"))}
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); print('ok')"],
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
         cwd=ROOT,
         env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
         capture_output=True,
@@ -45,6 +46,36 @@ def test_production_starts_with_a_secret_and_hosts() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+FAKES_SERVED = (
+    "from django.urls import Resolver404, resolve\n"
+    "try:\n    resolve('/fake/publish/'); print('served')\n"
+    "except Resolver404:\n    print('not served')"
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "served"),
+    [
+        ({}, "served"),
+        (
+            {
+                "DJANGO_PRODUCTION": "1",
+                "DJANGO_SECRET_KEY": "x" * 60,
+                "DJANGO_ALLOWED_HOSTS": "example.com",
+            },
+            "not served",
+        ),
+        ({"TASKS_FAKE_REMOTES": "0"}, "not served"),
+    ],
+)
+def test_the_fake_remotes_are_served_only_outside_production(
+    env: dict[str, str], served: str
+) -> None:
+    result = load_settings(FAKES_SERVED, **env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == served
 
 
 @pytest.mark.parametrize(
