@@ -75,11 +75,13 @@ def _decide(
     comment: str,
     draft_hash: str | None,
 ) -> ApprovalRequest:
-    _check_permission(actor)
+    _check_actor(actor)
     with transaction.atomic():
         task = core.lock_task(request.task_id)
         locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
-        _check_approver(locked, task, actor)
+        refused = may_decide(locked, actor, task)
+        if refused is not None:
+            raise NotPermitted(refused)
         if locked.status != ApprovalStatus.PENDING:
             raise AlreadyDecided(
                 f"approval #{locked.pk} was already {locked.get_status_display().lower()} "
@@ -147,32 +149,48 @@ def _decide(
     return locked
 
 
-def _check_permission(actor: Actor) -> None:
+def may_decide(request: ApprovalRequest, actor: Actor, task: Task | None = None) -> str | None:
+    """Why ``actor`` may not decide ``request``, or ``None`` when they may.
+
+    The same rules the decisions apply, for pages and lists to offer only what will be
+    accepted: the decide permission, not the task's author (superusers included), and a
+    place on the approver list (superusers skip it). Says nothing of the request's state.
+    """
     if actor is None or (isinstance(actor, str) and not actor.strip()):
-        # A decision always names who made it.
-        raise InvalidInput("actor", "required", "actor: a decision needs a user or a name")
-    if isinstance(actor, str):
-        return
-    if not actor.is_authenticated or not actor.has_perm(DECIDE_PERMISSION):
-        raise NotPermitted("deciding approvals needs the decide permission (group editors)")
-
-
-def _check_approver(request: ApprovalRequest, task: Task, actor: Actor) -> None:
+        return "a decision needs a user or a name"
+    if not isinstance(actor, str) and (refused := _refused_permission(actor)) is not None:
+        return refused
+    task = task or request.task
     if _enqueued_by(task, actor):
-        raise NotPermitted(f"you enqueued task #{task.pk}: someone else must decide on it")
+        return f"you enqueued task #{task.pk}: someone else must decide on it"
     if isinstance(actor, str) or actor.is_superuser:
-        return
+        return None
     group, users = request.approver_group, request.approver_users or []
     if not group and not users:
-        return
+        return None
     if actor.get_username() in users:
-        return
+        return None
     if group and actor.groups.filter(name=group).exists():
-        return
+        return None
     allowed = " or ".join(
         part for part in (f"group {group}" if group else "", ", ".join(users)) if part
     )
-    raise NotPermitted(f"approval #{request.pk} may be decided by {allowed}")
+    return f"approval #{request.pk} may be decided by {allowed}"
+
+
+def _check_actor(actor: Actor) -> None:
+    """Before anything is locked: a decision names who made it, and a user needs the
+    decide permission."""
+    if actor is None or (isinstance(actor, str) and not actor.strip()):
+        raise InvalidInput("actor", "required", "actor: a decision needs a user or a name")
+    if not isinstance(actor, str) and (refused := _refused_permission(actor)) is not None:
+        raise NotPermitted(refused)
+
+
+def _refused_permission(user: Any) -> str | None:
+    if not user.is_authenticated or not user.has_perm(DECIDE_PERMISSION):
+        return "deciding approvals needs the decide permission (group editors)"
+    return None
 
 
 def _enqueued_by(task: Task, actor: Actor) -> bool:

@@ -28,7 +28,8 @@ class StepInline(ReadOnlyMixin, admin.TabularInline):
     model = Step
     extra = 0
     can_delete = False
-    ordering = ("revision", "position")
+    # A revision's rows beside the rows they replaced.
+    ordering = ("position", "revision")
     fields = (
         "position",
         "revision",

@@ -141,16 +141,24 @@ def test_a_stale_approval_claim_opens_no_request(db: None, gated: Any) -> None:
     assert task.status == TaskStatus.WAITING_APPROVAL
 
 
-def test_the_decide_command_lists_and_decides_as_a_user(db: None, editor: User) -> None:
-    task = advance(article())
+def test_the_decide_command_lists_and_decides_as_a_user(
+    db: None, editor: User, author: User
+) -> None:
+    task = advance(article(actor=author))
     request = pending_request(task)
-    out = StringIO()
 
-    call_command("decide", "list", stdout=out)
-    assert json.loads(out.getvalue())["id"] == request.pk
+    def listed(*args: str) -> list[int]:
+        out = StringIO()
+        call_command("decide", "list", *args, stdout=out)
+        return [json.loads(line)["id"] for line in out.getvalue().splitlines()]
 
+    assert listed() == [request.pk]
+    assert listed("--user", editor.username) == [request.pk]
+    assert listed("--user", author.username) == []  # their own task
     with pytest.raises(CommandError, match="comment"):
         call_command("decide", "reject", str(request.pk), "--user", editor.username)
+    with pytest.raises(CommandError, match="enqueued"):
+        call_command("decide", "approve", str(request.pk), "--user", author.username)
     out = StringIO()
     call_command(
         "decide",
@@ -167,6 +175,8 @@ def test_the_decide_command_lists_and_decides_as_a_user(db: None, editor: User) 
         call_command(
             "decide", "reject", str(request.pk), "--user", editor.username, "--comment", "x"
         )
+    with pytest.raises(CommandError, match="no user named"):
+        call_command("decide", "list", "--user", "nobody")
 
 
 def test_the_admin_shows_requests_and_changes_nothing(db: None, superuser: User) -> None:

@@ -299,6 +299,20 @@ def test_a_command_line_enqueue_names_its_user_who_then_may_not_decide(
     assert pending_request(task) == approval
 
 
+def test_may_decide_offers_only_what_a_decision_would_accept(
+    db: None, editor: User, author: User, outsider: User, superuser: User
+) -> None:
+    _, approval = _waiting_article(actor=author)
+
+    assert approvals.may_decide(approval, editor) is None
+    assert approvals.may_decide(approval, superuser) is None
+    assert "enqueued" in (approvals.may_decide(approval, author) or "")
+    assert "permission" in (approvals.may_decide(approval, outsider) or "")
+    assert approvals.may_decide(approval, None) is not None
+    with pytest.raises(NotPermitted, match="enqueued"):
+        approvals.approve(approval, actor=author)
+
+
 @pytest.mark.parametrize("actor", [None, "", "  "])
 def test_a_decision_must_say_who_made_it(db: None, actor: Any) -> None:
     task, approval = _waiting_article()

@@ -35,18 +35,19 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        user = self._user(options["user"]) if options["user"] else None
         if options["decision"] == "list":
-            for request in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING):
-                self.stdout.write(json.dumps(_row(request), ensure_ascii=False))
+            pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
+            for request in pending.select_related("task"):
+                # With --user, only what that user may decide.
+                if user is None or services.may_decide(request, user) is None:
+                    self.stdout.write(json.dumps(_row(request), ensure_ascii=False))
             return
-        if options["request"] is None or not options["user"]:
+        if options["request"] is None or user is None:
             raise CommandError("deciding needs a request id and --user")
         found = ApprovalRequest.objects.filter(pk=options["request"]).first()
         if found is None:
             raise CommandError(f"request: no approval request #{options['request']}")
-        user = get_user_model().objects.filter(username=options["user"]).first()
-        if user is None:
-            raise CommandError(f"user: no user named {options['user']!r}")
         try:
             decided = DECISIONS[options["decision"]](
                 found,
@@ -57,6 +58,12 @@ class Command(BaseCommand):
         except (InvalidInput, InvalidTransition, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(json.dumps(_row(decided), ensure_ascii=False))
+
+    def _user(self, username: str) -> Any:
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise CommandError(f"user: no user named {username!r}")
+        return user
 
 
 def _row(request: ApprovalRequest) -> dict[str, Any]:
