@@ -11,7 +11,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import runner, services
 from tasks_app.models import StepStatus, Task, TaskStatus
 
-from .conftest import only_step
+from .conftest import ensure_groups, only_step
 
 
 @pytest.fixture
@@ -79,6 +79,7 @@ def test_the_oncall_group_may_view_tasks_in_the_admin(oncall: User) -> None:
 def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    ensure_groups()  # a transactional test before this one may have flushed them
     call_command("seed_demo")
     first = capsys.readouterr().out
     call_command("seed_demo")

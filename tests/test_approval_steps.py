@@ -83,6 +83,45 @@ def test_an_approval_step_refuses_bad_options(options: dict[str, Any], message: 
         approval_step("review", draft_from="draft", action="a", summary="s", **options)
 
 
+def test_without_the_decide_permission_even_an_open_approver_list_refuses(
+    db: None, gated: Any, outsider: User
+) -> None:
+    gated()  # no group, no users: anyone with the permission
+    task = advance(services.enqueue("test.gated", {}, actor="cli:producer").task)
+    request = pending_request(task)
+
+    with pytest.raises(NotPermitted, match="decide permission"):
+        approvals.approve(request, actor=outsider)
+    assert pending_request(task) == request
+
+
+def test_an_approval_step_returning_a_plain_result_is_dead_lettered(db: None) -> None:
+    register(
+        Workflow(
+            "test.waved",
+            1,
+            steps=(
+                StepSpec("draft", _draft),
+                StepSpec("review", lambda ctx: {"ok": True}, approval=True),
+                StepSpec("done", _done),
+            ),
+        )
+    )
+    try:
+        task = advance(services.enqueue("test.waved", {}).task)
+    finally:
+        registry.unregister("test.waved", 1)
+
+    review = current(task, "review")
+    assert (review.status, review.error_class, review.result) == (
+        StepStatus.DEAD,
+        "invalid_result",
+        None,
+    )
+    assert current(task, "done").status == StepStatus.BLOCKED
+    assert task.status == TaskStatus.DEAD
+
+
 def test_an_approver_list_of_users_admits_only_them(
     db: None, gated: Any, editor: User, other_editor: User
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db.models import F
+from django.db.models.functions import Now
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -338,7 +339,7 @@ def test_a_trusted_caller_may_decide_by_name(db: None) -> None:
 def test_a_user_without_the_decide_permission_is_refused(db: None, outsider: User) -> None:
     task, approval = _waiting_article()
 
-    with pytest.raises(NotPermitted):
+    with pytest.raises(NotPermitted, match="decide permission"):
         approvals.approve(approval, actor=outsider, draft_hash=approval.draft_hash)
 
     assert pending_request(task) == approval
@@ -490,6 +491,18 @@ def test_a_request_not_yet_expired_is_left_alone_by_the_sweeper(db: None) -> Non
 
     assert services.sweep().jobs["expired_approvals"] == 0
     assert pending_request(task) == approval
+
+
+def test_a_task_being_cancelled_refuses_a_decision(db: None, editor: User) -> None:
+    task, approval = _waiting_article()
+    # A second line of defence: cancel closes the request too, so this state is made here.
+    Task.objects.filter(pk=task.pk).update(cancel_requested_at=Now())
+
+    with pytest.raises(InvalidTransition, match="cancelled"):
+        approvals.approve(approval, actor=editor)
+
+    assert pending_request(task) == approval
+    assert current(task, "editor_review").status == StepStatus.WAITING_APPROVAL
 
 
 def test_cancelling_a_waiting_task_closes_its_request(db: None, oncall: User, editor: User) -> None:
