@@ -755,7 +755,8 @@ def close_gate(
     due), ``cancelled`` (rejected, or expired under the cancel policy: the task's
     remaining steps are cancelled with it) or ``dead`` (expired under the dead-letter
     policy: ``error`` says why, and on-call redrives or cancels). One event of ``kind``
-    with ``actor`` and ``reason`` records the change.
+    with ``actor`` and ``reason`` records the change; a task that dies or is cancelled
+    by it also gets its ``dead_lettered`` or ``cancelled`` event (actor ``system``).
     """
     step = _waiting_step(task, step_id)
     now = db_now()
@@ -799,6 +800,26 @@ def close_gate(
         task_status=status,
         **data,
     )
+    # A task that ends here ends with its status event too, as every other path does, so
+    # timelines and dead-letter and cancel counts read one kind of event for each.
+    who, _ = actor_fields(actor)
+    if outcome == StepStatus.DEAD:
+        _event(
+            EventKind.DEAD_LETTERED,
+            task_id=task.pk,
+            step_id=step.pk,
+            actor=SYSTEM,
+            reason=kind,
+            task_status=status,
+        )
+    elif status == TaskStatus.CANCELLED:
+        _event(
+            EventKind.CANCELLED,
+            task_id=task.pk,
+            actor=SYSTEM,
+            reason=f"{kind} by {who}",
+            task_status=status,
+        )
     ring_on_commit(bells)
     return status
 

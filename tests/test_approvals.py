@@ -143,6 +143,14 @@ def test_reject_cancels_the_task_and_nothing_is_published(
     }
     rejected = Event.objects.for_task(task.pk).get(kind=EventKind.REJECTED)
     assert (rejected.actor, rejected.reason) == (editor.username, "Off-brand")
+    # The task's terminal event follows the decision, as on every path that ends a task.
+    last = Event.objects.for_task(task.pk).last()
+    assert last is not None
+    assert (last.kind, last.actor, last.reason) == (
+        EventKind.CANCELLED,
+        "system",
+        f"rejected by {editor.username}",
+    )
     assert advance(task).status == TaskStatus.CANCELLED
     assert publishing.received == []
 
@@ -450,6 +458,9 @@ def test_an_expired_article_review_dead_letters_for_oncall_who_can_redrive_it(
     assert (gate.status, gate.error_class) == (StepStatus.DEAD, EventKind.APPROVAL_EXPIRED)
     expired = Event.objects.for_task(task.pk).get(kind=EventKind.APPROVAL_EXPIRED)
     assert (expired.actor, expired.data["policy"]) == ("system:sweeper", "dead_letter")
+    assert _kinds(task)[-2:] == [EventKind.APPROVAL_EXPIRED, EventKind.DEAD_LETTERED]
+    dead = Event.objects.for_task(task.pk).get(kind=EventKind.DEAD_LETTERED)
+    assert (dead.reason, dead.step_id) == (EventKind.APPROVAL_EXPIRED, gate.pk)
     assert services.sweep().jobs["expired_approvals"] == 0
 
     # On-call may not wave it through by hand ...
@@ -481,6 +492,7 @@ def test_an_expired_ticket_review_cancels_the_task(db: None) -> None:
     }
     expired = Event.objects.for_task(task.pk).get(kind=EventKind.APPROVAL_EXPIRED)
     assert expired.data["policy"] == "cancel"
+    assert _kinds(task)[-2:] == [EventKind.APPROVAL_EXPIRED, EventKind.CANCELLED]
 
 
 def test_a_request_not_yet_expired_is_left_alone_by_the_sweeper(db: None) -> None:
