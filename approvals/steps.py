@@ -20,10 +20,11 @@ the draft::
         ),
     )
 
-When the task reaches it, a worker claims it like any step; its handler reads the
-draft (the ``draft_from`` step's result), and the core parks the step as
-``waiting_approval`` while an :class:`~approvals.models.ApprovalRequest` is written in
-the same transaction. ``approvals.services`` settles it.
+No worker runs it. In the transaction that makes the task reach it (the drafting step's
+success, a redrive, an approval before it), the core calls its handler, which reads the
+draft (the ``draft_from`` step's result); the step goes ``blocked`` ->
+``waiting_approval`` and an :class:`~approvals.models.ApprovalRequest` is written in the
+same commit. ``approvals.services`` settles it.
 """
 
 from __future__ import annotations

@@ -178,8 +178,6 @@ class Lease(models.Model):
         FAILED = "failed"
         EXPIRED = "expired"
         CANCELLED = "cancelled"
-        # The handler handed the step to a person (an approval step parked).
-        WAITING = "waiting"
 
     # No index of its own: the (step, token) constraint leads with step.
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="leases", db_index=False)

@@ -22,8 +22,8 @@ from . import batch, services
 from .dispatch import Doorbell, ring_on_commit
 from .effects import Effects, LeaseLost
 from .exceptions import InvalidInput, OutcomeUnknown, PermanentError
-from .models import Step, StepStatus
-from .workflows import AwaitDecision, StepContext, StepSpec, registry
+from .models import Step
+from .workflows import StepContext, StepSpec, registry
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +151,8 @@ def _dead(claim: services.Claim, error_class: str, message: str, reason: str) ->
     )
 
 
-# What _run_one returns once the step's outcome is recorded (failed, or parked for a
-# decision): nothing left to complete.
+# What _run_one returns once the step's outcome is recorded (it failed): nothing left to
+# complete.
 _RECORDED = object()
 
 
@@ -165,7 +165,8 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
     """Run claimed steps one after another and record their outcomes.
 
     Failures are recorded as they happen; successes are recorded together at the end in
-    one transaction (:func:`batch.complete_many`), each still fenced by its token. The
+    one transaction (:func:`batch.complete_many`), each still fenced by its token, except
+    those that reach an approval step (recorded one by one, opening its request). The
     lease keeper keeps every lease of the batch alive until then.
     """
     if not claims:
@@ -181,7 +182,18 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
     finally:
         for claim in claims:
             lease_keeper.forget(claim)
-    batch.complete_many(succeeded)
+    # A success that reaches an approval step opens its request in the same transaction,
+    # which the one-step path does; the rest are recorded together.
+    gated = [(c, r) for c, r in succeeded if _reaches_approval(rows[c.step_id])]
+    batch.complete_many([(c, r) for c, r in succeeded if (c, r) not in gated])
+    for claim, result in gated:
+        services.complete_step(claim, result)
+
+
+def _reaches_approval(step: Step) -> bool:
+    flow = registry.get(step.task.workflow, step.task.workflow_version)
+    following = flow.step(step.position + 1) if flow is not None else None
+    return following is not None and following.approval
 
 
 def _run_one(claim: services.Claim, step: Step) -> Any:
@@ -191,9 +203,8 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
        kind is not that version's, dead-letter (``incompatible_version`` /
        ``unknown_step_kind``) rather than run it under other rules.
     2. Build the context (payload, earlier results, attempt, step key, effects ledger).
-    3. Run the handler and classify: a JSON result is returned; ``AwaitDecision`` parks
-       the step for a person; ``OutcomeUnknown`` and permanent errors dead-letter;
-       anything else retries with backoff.
+    3. Run the handler and classify: a JSON result is returned; ``OutcomeUnknown`` and
+       permanent errors dead-letter; anything else retries with backoff.
     """
     task = step.task
     flow = registry.get(task.workflow, task.workflow_version)
@@ -215,18 +226,20 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
         )
         return _RECORDED
 
-    earlier: dict[str, Any] = {}
-    if step.position > 0:
-        earlier = dict(
-            task.steps.filter(status=StepStatus.SUCCEEDED, position__lt=step.position)
-            .order_by("position", "revision")
-            .values_list("kind", "result")
+    if spec.approval:
+        # Opened when its task reaches it, never claimed: a claim means a bug elsewhere.
+        _dead(
+            claim,
+            "unexpected_claim",
+            f"approval step {step.kind!r} is opened when its task reaches it, not run",
+            "permanent_error",
         )
+        return _RECORDED
     ctx = StepContext(
         task_id=task.pk,
         step_id=step.pk,
         payload=task.payload,
-        results=earlier,
+        results=services.step_inputs(task, step.position),
         attempt=claim.attempt,
         fencing_token=claim.token,
         step_key=step.idempotency_key,
@@ -251,18 +264,6 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
     except Exception as exc:
         _retry(claim, spec, exc)
     else:
-        if isinstance(result, AwaitDecision):
-            lease_keeper.forget(claim)
-            services.await_decision(claim, result)
-            return _RECORDED
-        if spec.approval:
-            _dead(
-                claim,
-                "invalid_result",
-                "an approval step must return AwaitDecision",
-                "permanent_error",
-            )
-            return _RECORDED
         try:
             json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,6 +25,7 @@ from django.utils import timezone
 
 from . import validation
 from .dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
+from .effects import Effects
 from .exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
 from .history import derive_task_status
 from .models import (
@@ -40,7 +42,7 @@ from .models import (
     TaskStatus,
 )
 from .signals import steps_cancelled
-from .workflows import AwaitDecision, Workflow, registry
+from .workflows import AwaitDecision, StepContext, Workflow, registry
 
 logger = logging.getLogger(__name__)
 
@@ -539,20 +541,112 @@ def _release(step: Step, token: int, outcome: str) -> None:
     )
 
 
-def _unblock_next(task: Task, after: Step, now: datetime) -> list[Step]:
-    """Make the next step of the task due, once ``after`` succeeded."""
+def _unblock_next(task: Task, after: Step, now: datetime) -> tuple[list[Step], Step | None]:
+    """Once ``after`` succeeded: the next step made due, or the approval step reached.
+
+    An approval step is not made due (no worker runs it): it is returned as the gate to
+    open, which the caller does with :func:`_open_gate` once its own event is written.
+    """
     following = (
         task.steps.filter(status=StepStatus.BLOCKED, position__gt=after.position)
         .order_by("position", "-revision")
         .first()
     )
     if following is None:
-        return []
+        return [], None
+    if _is_approval(task, following):
+        return [], following
     following.status = StepStatus.PENDING
     following.available_at = now
     following.dispatched_at = now
     following.save(update_fields=["status", "available_at", "dispatched_at"])
-    return [following]
+    return [following], None
+
+
+def step_inputs(task: Task, position: int) -> dict[str, Any]:
+    """The results of the task's earlier steps by kind (current rows): a handler's
+    ``ctx.results``."""
+    if position == 0:
+        return {}
+    return dict(
+        task.steps.filter(status=StepStatus.SUCCEEDED, position__lt=position)
+        .order_by("position", "revision")
+        .values_list("kind", "result")
+    )
+
+
+def _open_gate(task: Task, step: Step, *, actor: Actor, reason: str = "") -> None:
+    """Open the approval step the task has reached, in the caller's transaction (the task
+    row locked): it goes to ``waiting_approval`` and its request is recorded, with an
+    ``approval_requested`` event, in the same commit as the change that reached it.
+
+    1. Call the step's handler with the task's payload and earlier results; it reads the
+       draft and returns :class:`AwaitDecision`.
+    2. In a savepoint, mark the step waiting and let ``open_request`` record the request.
+    3. A handler that fails, or returns anything else, leaves nothing of step 2 behind: the
+       step is dead-lettered (``permanent_error``) for on-call, and the change that
+       reached it stands.
+    """
+    flow = registry.get(task.workflow, task.workflow_version)
+    spec = flow.step(step.position) if flow is not None else None
+    ctx = StepContext(
+        task_id=task.pk,
+        step_id=step.pk,
+        payload=task.payload,
+        results=step_inputs(task, step.position),
+        attempt=step.attempts,
+        fencing_token=step.fencing_token,
+        step_key=step.idempotency_key,
+        effects=Effects(
+            step_id=step.pk, step_key=step.idempotency_key, fencing_token=step.fencing_token
+        ),
+        revision=step.revision,
+        change_request=step.change_request,
+    )
+    failure: tuple[str, str] = ("invalid_result", "an approval step must return AwaitDecision")
+    data: dict[str, Any] | None = None
+    try:
+        with transaction.atomic():
+            wait = spec.handler(ctx) if spec is not None else None
+            if isinstance(wait, AwaitDecision):
+                step.status = StepStatus.WAITING_APPROVAL
+                step.save(update_fields=["status"])
+                data = wait.open_request(task, step)
+    except Exception as exc:
+        logger.exception("approval step %s of task %s could not open", step.pk, task.pk)
+        failure = (
+            f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "".join(traceback.format_exception(exc, limit=8))[-10_000:],
+        )
+    if data is None:
+        step.status = StepStatus.DEAD
+        step.error_class, step.last_error = failure
+        step.finished_at = db_now()
+        step.save(update_fields=["status", "error_class", "last_error", "finished_at"])
+        status = _settle_task(task)
+        _event(
+            EventKind.DEAD_LETTERED,
+            task_id=task.pk,
+            step_id=step.pk,
+            actor=actor,
+            reason="permanent_error",
+            steps=[step],
+            error_class=step.error_class,
+            error=step.last_error[:2000],
+            task_status=status,
+        )
+        return
+    status = _settle_task(task)
+    _event(
+        EventKind.APPROVAL_REQUESTED,
+        task_id=task.pk,
+        step_id=step.pk,
+        actor=actor,
+        reason=reason,
+        steps=[step],
+        task_status=status,
+        **data,
+    )
 
 
 @dataclass(frozen=True)
@@ -593,19 +687,24 @@ def complete_step(claim: Claim, result: Any) -> bool:
             step.lease_expires_at = None
             step.save(update_fields=["status", "result", "finished_at", "lease_expires_at"])
             _release(step, claim.token, Lease.Outcome.SUCCEEDED)
-            changed = [step]
+            due: list[Step] = []
+            gate = None
             if task.cancel_requested_at is None:
-                changed += _unblock_next(task, step, now)
+                due, gate = _unblock_next(task, step, now)
+            changed = [step, *due]
             status = _settle_task(task)
+            actor = f"worker:{claim.worker_id}"
             _event(
                 EventKind.SUCCEEDED,
                 task_id=task.pk,
                 step_id=step.pk,
-                actor=f"worker:{claim.worker_id}",
+                actor=actor,
                 steps=changed,
                 token=claim.token,
                 task_status=status,
             )
+            if gate is not None:
+                _open_gate(task, gate, actor=actor)
             if status == TaskStatus.CANCELLED:
                 _event(
                     EventKind.CANCELLED,
@@ -680,55 +779,6 @@ def fail_step(
 # --- steps a person decides -------------------------------------------------------------
 
 
-def await_decision(claim: Claim, wait: AwaitDecision) -> bool:
-    """Park a claimed approval step until a person decides (DESIGN rule 9).
-
-    The step goes to ``waiting_approval`` with its lease released, ``wait.open_request``
-    records the request, and the ``approval_requested`` event is written, all in one
-    transaction. A cancel requested while the handler ran cancels the step instead.
-    False if the claim is stale.
-    """
-    with transaction.atomic():
-        task = lock_task(claim.task_id)
-        step = _held_step(claim)
-        if step is not None:
-            step.lease_expires_at = None
-            _release(step, claim.token, Lease.Outcome.WAITING)
-            actor = f"worker:{claim.worker_id}"
-            if task.cancel_requested_at is not None:
-                step.status = StepStatus.CANCELLED
-                step.finished_at = db_now()
-                step.save(update_fields=["status", "finished_at", "lease_expires_at"])
-                status = _settle_task(task)
-                _event(
-                    EventKind.CANCELLED,
-                    task_id=task.pk,
-                    step_id=step.pk,
-                    actor=actor,
-                    reason="cancel requested while the approval step ran",
-                    steps=[step],
-                    task_status=status,
-                )
-                return True
-            step.status = StepStatus.WAITING_APPROVAL
-            step.save(update_fields=["status", "lease_expires_at"])
-            data = wait.open_request(task, step)
-            status = _settle_task(task)
-            _event(
-                EventKind.APPROVAL_REQUESTED,
-                task_id=task.pk,
-                step_id=step.pk,
-                actor=actor,
-                steps=[step],
-                token=claim.token,
-                task_status=status,
-                **data,
-            )
-            return True
-    reject_stale(claim, "await_decision")
-    return False
-
-
 def _waiting_step(task: Task, step_id: int) -> Step:
     step = Step.objects.select_for_update().get(pk=step_id, task=task)
     if step.status != StepStatus.WAITING_APPROVAL:
@@ -763,12 +813,14 @@ def close_gate(
     changed = [step]
     bells: list[Doorbell] = []
     step.finished_at = now
+    gate = None
     if outcome == StepStatus.SUCCEEDED:
         step.status = StepStatus.SUCCEEDED
         step.result = result
         step.save(update_fields=["status", "result", "finished_at"])
-        changed += _unblock_next(task, step, now)
-        bells = [Doorbell(s.pk, s.queue) for s in changed[1:]]
+        due, gate = _unblock_next(task, step, now)
+        changed += due
+        bells = [Doorbell(s.pk, s.queue) for s in due]
     elif outcome == StepStatus.CANCELLED:
         step.status = StepStatus.CANCELLED
         step.save(update_fields=["status", "finished_at"])
@@ -800,6 +852,8 @@ def close_gate(
         task_status=status,
         **data,
     )
+    if gate is not None:
+        _open_gate(task, gate, actor=actor)
     # A task that ends here ends with its status event too, as every other path does, so
     # timelines and dead-letter and cancel counts read one kind of event for each.
     who, _ = actor_fields(actor)
@@ -1076,8 +1130,20 @@ def redrive(
             task_status=status,
             **data,
         )
-        ring_on_commit([Doorbell(step.pk, step.queue) for step in dead])
+        _run_or_open(locked, dead, actor=actor)
     return locked
+
+
+def _run_or_open(task: Task, steps: Sequence[Step], *, actor: Actor) -> None:
+    """After a redrive or a retry: ring for the steps made due again, and open a new
+    request for an approval step among them (no worker runs one)."""
+    bells = []
+    for step in steps:
+        if _is_approval(task, step):
+            _open_gate(task, step, actor=actor)
+        else:
+            bells.append(Doorbell(step.pk, step.queue))
+    ring_on_commit(bells)
 
 
 def _is_approval(task: Task, step: Step) -> bool:
@@ -1107,7 +1173,6 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
         now = db_now()
         started = Effect.objects.filter(step=step, status=Effect.Status.STARTED)
         changed = [step]
-        bells: list[Doorbell] = []
         if outcome == "done":
             started.update(
                 status=Effect.Status.DONE,
@@ -1118,13 +1183,13 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
             step.result = {"resolved": "done", "by": name, "note": reason}
             step.finished_at = now
             step.save(update_fields=["status", "result", "finished_at"])
-            changed += _unblock_next(locked, step, now)
-            bells = [Doorbell(s.pk, s.queue) for s in changed[1:]]
+            due, gate = _unblock_next(locked, step, now)
+            changed += due
         else:
             # "It did not happen": forget the unfinished effects so the next attempt calls.
             started.delete()
             _run_again(step, now)
-            bells = [Doorbell(step.pk, step.queue)]
+            due, gate = [step], None
         status = _settle_task(locked)
         _event(
             EventKind.RESOLVED,
@@ -1136,7 +1201,7 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
             outcome=outcome,
             task_status=status,
         )
-        ring_on_commit(bells)
+        _run_or_open(locked, [*due, *([gate] if gate else [])], actor=actor)
     return locked
 
 

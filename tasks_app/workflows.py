@@ -31,8 +31,9 @@ class StepSpec:
     hung handler loses its lease, is reaped and retried, and its late writes are fenced.
     It is also handed to the handler (``ctx.timeout``) for its own remote calls.
 
-    ``approval`` marks a step a person decides: its handler returns
-    :class:`AwaitDecision`, and a dead one is never resolved as done by hand (only a new
+    ``approval`` marks a step a person decides. No worker claims it: its handler is
+    called in the transaction that makes the task reach it and returns
+    :class:`AwaitDecision`; a dead one is never resolved as done by hand (only a new
     decision lets the task past it).
     """
 
@@ -116,10 +117,10 @@ register = registry.register
 
 @dataclass(frozen=True)
 class AwaitDecision:
-    """Returned by an approval step's handler: park the step until a person decides.
+    """Returned by an approval step's handler: the step waits until a person decides.
 
-    ``open_request(task, step)`` runs inside the transaction that parks the step (the task
-    row locked), so whatever it records commits together with the step's
+    ``open_request(task, step)`` runs inside the transaction that reached the step (the
+    task row locked), so whatever it records commits together with the step's
     ``waiting_approval`` status and the ``approval_requested`` event; it returns the
     event's data.
     """

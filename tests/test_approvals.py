@@ -24,7 +24,7 @@ from tasks_app.exceptions import (
     NotPermitted,
     StaleApproval,
 )
-from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
+from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.approval_support import (
     ARTICLE,
     advance,
@@ -68,9 +68,9 @@ def test_a_task_reaching_its_approval_step_parks_with_a_request_for_the_latest_d
 
     gate = current(task, "editor_review")
     draft = current(task, "generate_draft").result
+    # Opened when the draft succeeded, in the same commit: no worker ever claimed it.
     assert gate.status == StepStatus.WAITING_APPROVAL
-    assert gate.lease_expires_at is None
-    assert list(gate.leases.values_list("outcome", flat=True)) == [Lease.Outcome.WAITING]
+    assert (gate.attempts, gate.fencing_token, gate.leases.count()) == (0, 0, 0)
     assert request.step == gate
     assert request.draft == draft
     assert request.draft_hash == draft_hash(draft)
@@ -87,6 +87,12 @@ def test_a_task_reaching_its_approval_step_parks_with_a_request_for_the_latest_d
         < request.expires_at - request.created_at
         <= timedelta(hours=48, seconds=1)
     )
+    assert _kinds(task) == [
+        EventKind.ENQUEUED,
+        EventKind.CLAIMED,
+        EventKind.SUCCEEDED,  # generate_draft, and in the same transaction ...
+        EventKind.APPROVAL_REQUESTED,  # ... editor_review opened
+    ]
     requested = Event.objects.for_task(task.pk).get(kind=EventKind.APPROVAL_REQUESTED)
     assert requested.data["request"] == request.pk
     assert requested.data["draft_hash"] == request.draft_hash
@@ -546,12 +552,10 @@ def test_the_events_of_a_reviewed_flow_tell_its_whole_story(
         EventKind.ENQUEUED,
         EventKind.CLAIMED,
         EventKind.SUCCEEDED,  # generate_draft
-        EventKind.CLAIMED,
         EventKind.APPROVAL_REQUESTED,  # editor_review
         EventKind.CHANGES_REQUESTED,
         EventKind.CLAIMED,
         EventKind.SUCCEEDED,  # generate_draft r1
-        EventKind.CLAIMED,
         EventKind.APPROVAL_REQUESTED,  # editor_review r1
         EventKind.APPROVED,
         EventKind.CLAIMED,

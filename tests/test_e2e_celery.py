@@ -255,7 +255,6 @@ def test_an_article_is_drafted_reviewed_and_published_once_by_a_real_worker(
         "enqueued",
         "claimed",
         "succeeded",
-        "claimed",
         "approval_requested",
         "approved",
         "claimed",

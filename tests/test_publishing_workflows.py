@@ -184,8 +184,7 @@ def test_the_events_of_a_ticket_whose_mail_was_resolved_tell_its_whole_story(
         (EventKind.SUCCEEDED, events[1].actor),  # lookup_customer
         (EventKind.CLAIMED, events[1].actor),
         (EventKind.SUCCEEDED, events[1].actor),  # draft_reply
-        (EventKind.CLAIMED, events[1].actor),
-        (EventKind.APPROVAL_REQUESTED, events[1].actor),  # review
+        (EventKind.APPROVAL_REQUESTED, events[1].actor),  # review, opened by that success
         (EventKind.APPROVED, editor.username),
         (EventKind.CLAIMED, events[1].actor),
         (EventKind.DEAD_LETTERED, events[1].actor),  # send: outcome unknown
