@@ -102,36 +102,7 @@ def _decide(
             update_fields=["status", "decided_by", "decided_by_user", "decided_at", "comment"]
         )
         facts: dict[str, Any] = {"request": locked.pk, "draft_hash": locked.draft_hash}
-        if verdict == ApprovalStatus.APPROVED:
-            core.close_gate(
-                task,
-                locked.step_id,
-                outcome=StepStatus.SUCCEEDED,
-                kind=EventKind.APPROVED,
-                actor=actor,
-                reason=comment,
-                result={
-                    "approved_by": name,
-                    "request": locked.pk,
-                    "revision": locked.revision,
-                    "draft_hash": locked.draft_hash,
-                    "comment": comment,
-                },
-                revision=locked.revision,
-                **facts,
-            )
-        elif verdict == ApprovalStatus.REJECTED:
-            core.close_gate(
-                task,
-                locked.step_id,
-                outcome=StepStatus.CANCELLED,
-                kind=EventKind.REJECTED,
-                actor=actor,
-                reason=comment,
-                revision=locked.revision,
-                **facts,
-            )
-        else:
+        if verdict == ApprovalStatus.CHANGES_REQUESTED:
             core.revise(
                 task,
                 locked.step_id,
@@ -144,6 +115,28 @@ def _decide(
                     "request": locked.pk,
                     "previous_draft": locked.draft,
                 },
+                **facts,
+            )
+        else:
+            approved = verdict == ApprovalStatus.APPROVED
+            core.close_gate(
+                task,
+                locked.step_id,
+                outcome=StepStatus.SUCCEEDED if approved else StepStatus.CANCELLED,
+                kind=EventKind.APPROVED if approved else EventKind.REJECTED,
+                actor=actor,
+                reason=comment,
+                # What the steps after the review read: who approved which draft.
+                result={
+                    "approved_by": name,
+                    "request": locked.pk,
+                    "revision": locked.revision,
+                    "draft_hash": locked.draft_hash,
+                    "comment": comment,
+                }
+                if approved
+                else None,
+                revision=locked.revision,
                 **facts,
             )
     return locked
