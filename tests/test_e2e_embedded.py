@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from .e2e_support import Worker, manage, wait_for
+from .remotes import loopback_remotes
 
 # The environment variables that would switch away from the embedded default.
 SERVICE_VARIABLES = ("DATABASE_URL", "REDIS_URL", "TASKS_BROKER_PREFIX")
@@ -118,3 +119,62 @@ def test_the_embedded_default_runs_a_flaky_task_to_success(tmp_path: Path) -> No
     assert (var_dir / "broker" / "queue").is_dir()
     # Beat's schedule file (its suffix depends on the dbm module shelve picks).
     assert list(var_dir.glob("celerybeat-schedule*"))
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_the_embedded_default_takes_the_demo_article_through_its_review(tmp_path: Path) -> None:
+    """What `make run` shows a newcomer: the seeded article waits for `editor`, who approves
+    it from the command line; the worker publishes it once."""
+    var_dir = tmp_path / "var"
+    env = embedded_env(var_dir)
+    with loopback_remotes() as (publishing, mail):
+        env["PUBLISH_URL"], env["MAIL_URL"] = publishing.url, mail.url
+        manage("migrate", "--noinput", env=env, timeout=90)
+        seeded = manage("seed_demo", env=env)
+        assert "publish_article: waiting_approval" in seeded
+        worker = Worker(["-c", "1", "--loglevel=INFO"], env=env, log_path=tmp_path / "worker.log")
+        try:
+            worker.wait_ready(timeout=60)
+            [request] = [
+                json.loads(line)
+                for line in manage("decide", "list", "--user", "editor", env=env).splitlines()
+                if json.loads(line)["action"] == "publish"
+            ]
+            decided = json.loads(
+                manage(
+                    "decide",
+                    "approve",
+                    str(request["id"]),
+                    "--user",
+                    "editor",
+                    "--draft-hash",
+                    request["draft_hash"],
+                    env=env,
+                )
+            )
+            assert (decided["status"], decided["decided_by"]) == ("approved", "editor")
+
+            def published() -> dict[str, Any] | None:
+                current = status(env, "demo:publish:article-001:v1")
+                return current if current["status"] == "succeeded" else None
+
+            final = wait_for(
+                published,
+                timeout=60,
+                interval=0.2,
+                what=lambda: "the article to be published\n" + worker.tail(),
+            )
+            worker.assert_quiet()
+        finally:
+            worker.stop()
+
+    assert [(s["kind"], s["status"]) for s in final["steps"]] == [
+        ("generate_draft", "succeeded"),
+        ("editor_review", "succeeded"),
+        ("publish", "succeeded"),
+        ("cleanup", "succeeded"),
+    ]
+    assert [write["key"] for write in publishing.applied] == [
+        "demo:publish:article-001:v1:2:publish:publish"
+    ]
