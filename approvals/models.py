@@ -26,7 +26,7 @@ class ExpiryPolicy(models.TextChoices):
 class ApprovalRequest(models.Model):
     """What will happen, on which data, the draft under review and who may decide.
 
-    Written by the approval step when it parks and changed only by
+    Written when its task reaches the approval step and changed only by
     ``approvals.services``: a request is decided once (pending -> one other status).
     """
 

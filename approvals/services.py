@@ -18,6 +18,7 @@ refused: it must say who made it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
@@ -270,16 +271,23 @@ def expire_due(limit: int = 500) -> int:
     return expired
 
 
-@receiver(steps_cancelled, sender=Task, dispatch_uid="approvals.close_cancelled_requests")
-def close_cancelled_requests(sender: Any, *, task: Task, steps: list[Step], **kwargs: Any) -> None:
-    """A cancelled task's open requests are closed in the same transaction."""
-    name, user_id = core.actor_fields(kwargs.get("actor"))
-    ApprovalRequest.objects.filter(
+def close_open_requests(steps: Iterable[Step], *, actor: Actor, reason: str) -> int:
+    """Close the pending requests of steps that were just cancelled, in the caller's
+    transaction: status ``cancelled``, decided by whoever cancelled, with their reason."""
+    name, user_id = core.actor_fields(actor)
+    return ApprovalRequest.objects.filter(
         step_id__in=[step.pk for step in steps], status=ApprovalStatus.PENDING
     ).update(
         status=ApprovalStatus.CANCELLED,
         decided_by=name,
         decided_by_user_id=user_id,
         decided_at=core.db_now(),
-        comment=kwargs.get("reason", ""),
+        comment=reason,
     )
+
+
+@receiver(steps_cancelled, sender=Task, dispatch_uid="approvals.close_cancelled_requests")
+def _on_steps_cancelled(
+    sender: Any, *, steps: list[Step], actor: Actor, reason: str, **kwargs: Any
+) -> None:
+    close_open_requests(steps, actor=actor, reason=reason)

@@ -17,12 +17,13 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connections
+from django.db.models.functions import Now
 
 from . import batch, services
 from .dispatch import Doorbell, ring_on_commit
 from .effects import Effects, LeaseLost
 from .exceptions import InvalidInput, OutcomeUnknown, PermanentError
-from .models import Step
+from .models import Step, StepStatus, Task
 from .workflows import StepContext, StepSpec, registry
 
 logger = logging.getLogger(__name__)
@@ -184,9 +185,13 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
             lease_keeper.forget(claim)
     # A success that reaches an approval step opens its request in the same transaction,
     # which the one-step path does; the rest are recorded together.
-    gated = [(c, r) for c, r in succeeded if _reaches_approval(rows[c.step_id])]
-    batch.complete_many([(c, r) for c, r in succeeded if (c, r) not in gated])
-    for claim, result in gated:
+    together: list[tuple[services.Claim, Any]] = []
+    one_by_one: list[tuple[services.Claim, Any]] = []
+    for claim, result in succeeded:
+        gated = _reaches_approval(rows[claim.step_id])
+        (one_by_one if gated else together).append((claim, result))
+    batch.complete_many(together)
+    for claim, result in one_by_one:
         services.complete_step(claim, result)
 
 
@@ -320,6 +325,24 @@ def drain(step_id: int) -> int:
             if batch.queue_has_due_steps(queue):
                 ring_on_commit([Doorbell(claims[-1].step_id, queue)])
             return ran
+
+
+def run_task_steps(task: Task, *, limit: int = 50) -> int:
+    """Run a task's due steps in this process, one claim at a time, until none is due or
+    ``limit`` ran (for commands such as the demo seed; workers drain queues instead).
+    Returns how many ran."""
+    ran = 0
+    while ran < limit:
+        due = (
+            task.steps.filter(status=StepStatus.PENDING, available_at__lte=Now())
+            .order_by("position")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if due is None or not run_claimed(due):
+            break
+        ran += 1
+    return ran
 
 
 def run_claimed(step_id: int) -> bool:

@@ -151,9 +151,6 @@ def lock_task(task_id: int) -> Task:
     return Task.objects.select_for_update().get(pk=task_id)
 
 
-_lock_task = lock_task
-
-
 # --- enqueue -----------------------------------------------------------------------------
 
 
@@ -677,7 +674,7 @@ def heartbeat(claim: Claim, *, lease_seconds: int | None = None) -> HeartbeatRes
 def complete_step(claim: Claim, result: Any) -> bool:
     """Record a step's result and make the next step due. False if the claim is stale."""
     with transaction.atomic():
-        task = _lock_task(claim.task_id)
+        task = lock_task(claim.task_id)
         step = _held_step(claim)
         if step is not None:
             now = db_now()
@@ -730,7 +727,7 @@ def fail_step(
     else dead-letter with ``reason``. ``retry_in=None`` dead-letters at once.
     """
     with transaction.atomic():
-        task = _lock_task(claim.task_id)
+        task = lock_task(claim.task_id)
         step = _held_step(claim)
         if step is not None:
             step.last_error = message[:10_000]
@@ -993,7 +990,7 @@ def reap_expired_leases(*, limit: int = 500) -> int:
     reaped = 0
     for step_id, task_id, token in expired:
         with transaction.atomic():
-            task = _lock_task(task_id)
+            task = lock_task(task_id)
             # Re-checked under the lock: the worker may have finished or renewed meanwhile.
             step = (
                 Step.objects.select_for_update()
@@ -1108,7 +1105,7 @@ def redrive(
         # An edited payload must pass the same rules as one given to enqueue.
         flow.validate_payload(payload)
     with transaction.atomic():
-        locked = _lock_task(task.pk)
+        locked = lock_task(task.pk)
         dead = _dead_steps(locked)
         if not dead:
             raise InvalidTransition(f"task #{task.pk} has no dead step to redrive")
@@ -1160,7 +1157,7 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
         raise InvalidInput("outcome", "choice", "outcome: must be 'done' or 'retry'")
     name, _ = actor_fields(actor)
     with transaction.atomic():
-        locked = _lock_task(task.pk)
+        locked = lock_task(task.pk)
         dead = _dead_steps(locked)
         if not dead:
             raise InvalidTransition(f"task #{task.pk} has no dead step to resolve")
@@ -1219,7 +1216,7 @@ def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
     _check_permission(actor, "cancel_task")
     reason = validation.require_text(reason, "reason")
     with transaction.atomic():
-        locked = _lock_task(task.pk)
+        locked = lock_task(task.pk)
         if locked.status in TERMINAL_TASK_STATUSES:
             raise InvalidTransition(f"task #{task.pk} already {locked.status}")
         if locked.cancel_requested_at is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import runner, services
@@ -24,20 +24,17 @@ def ticket(actor: Any = "cli:producer", key: str = "reply:T-42") -> Task:
     return services.enqueue("ticket_reply", TICKET, idempotency_key=key, actor=actor).task
 
 
-def advance(task: Task, *, skip_backoff: bool = False, limit: int = 20) -> Task:
-    """Run the task's due steps, one claim at a time, until none is due; return it fresh.
+def advance(task: Task, *, skip_backoff: bool = False, rounds: int = 10) -> Task:
+    """Run the task's due steps in this process until none is due; return it fresh.
 
     With ``skip_backoff`` a retry's wait is skipped by back-dating the step.
     """
-    for _ in range(limit):
-        step = task.steps.filter(status=StepStatus.PENDING).order_by("position").first()
-        if step is None:
+    for _ in range(rounds):
+        if skip_backoff:
+            for step in task.steps.filter(status=StepStatus.PENDING, available_at__gt=Now()):
+                backdate(step)
+        if not runner.run_task_steps(task):
             break
-        if step.available_at and step.available_at > timezone.now():
-            if not skip_backoff:
-                break
-            backdate(step)
-        assert runner.run_claimed(step.pk), f"step {step.kind} could not be claimed"
     task.refresh_from_db()
     return task
 

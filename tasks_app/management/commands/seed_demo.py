@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from tasks_app import runner, services
-from tasks_app.models import StepStatus, Task
+from tasks_app.models import Task
 
 # username -> (groups, superuser)
 DEMO_USERS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -70,10 +70,7 @@ class Command(BaseCommand):
 
     def _run_to_review(self, task: Task) -> None:
         """Run the task's steps in this process until it waits for a decision."""
-        for _ in range(len(task.steps.all()) + 1):
-            step = task.steps.filter(status=StepStatus.PENDING).order_by("position").first()
-            if step is None or not runner.run_claimed(step.pk):
-                break
+        runner.run_task_steps(task)
         task.refresh_from_db()
         self.stdout.write(f"  task #{task.pk} {task.workflow}: {task.status}")
 
