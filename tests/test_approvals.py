@@ -350,13 +350,21 @@ def test_a_trusted_caller_may_decide_by_name(db: None) -> None:
         approvals.approve(_waiting_article("cli:bot", "publish:article-002")[1], actor="cli:bot")
 
 
-def test_a_user_without_the_decide_permission_is_refused(db: None, outsider: User) -> None:
+DECISIONS = [approvals.approve, approvals.reject, approvals.request_changes]
+
+
+@pytest.mark.parametrize("decide", DECISIONS)
+def test_a_user_without_the_decide_permission_is_refused(
+    db: None, outsider: User, decide: Any
+) -> None:
     task, approval = _waiting_article()
+    events = Event.objects.count()
 
     with pytest.raises(NotPermitted, match="decide permission"):
-        approvals.approve(approval, actor=outsider, draft_hash=approval.draft_hash)
+        decide(approval, actor=outsider, comment="no", draft_hash=approval.draft_hash)
 
     assert pending_request(task) == approval
+    assert Event.objects.count() == events
 
 
 def test_a_user_with_the_permission_but_outside_the_approvers_is_refused(
@@ -366,8 +374,9 @@ def test_a_user_with_the_permission_but_outside_the_approvers_is_refused(
     outsider = User.objects.get(pk=outsider.pk)  # a fresh permission cache
     task, approval = _waiting_article()
 
-    with pytest.raises(NotPermitted, match="group editors"):
-        approvals.approve(approval, actor=outsider, draft_hash=approval.draft_hash)
+    for decide in DECISIONS:
+        with pytest.raises(NotPermitted, match="group editors"):
+            decide(approval, actor=outsider, comment="no", draft_hash=approval.draft_hash)
     assert pending_request(task) == approval
 
     # A superuser skips the list.

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import AnonymousUser, Permission, User
 from django.core.exceptions import PermissionDenied
 
 from tasks_app import runner, services
@@ -468,6 +468,28 @@ def test_a_user_without_the_permission_is_refused_and_nothing_changes(
         assert isinstance(excinfo.value, PermissionDenied)
 
     assert _snapshot(task) == before
+
+
+PERMISSION_OF = {"redrive": "redrive_task", "resolve": "resolve_task", "cancel": "cancel_task"}
+ON_CALL_PERMISSIONS = ["redrive_task", "resolve_task", "cancel_task", "pause_queue"]
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_each_action_checks_its_own_permission(db: None, outsider: User, action: str) -> None:
+    # Every on-call permission but the one this action needs.
+    others = [name for name in ON_CALL_PERMISSIONS if name != PERMISSION_OF[action]]
+    outsider.user_permissions.add(*Permission.objects.filter(codename__in=others))
+    user = User.objects.get(pk=outsider.pk)  # a fresh permission cache
+    task = _dead_flaky()
+    before = _snapshot(task)
+
+    with pytest.raises(NotPermitted, match=PERMISSION_OF[action]):
+        ACTIONS[action](task, user)
+
+    assert _snapshot(task) == before
+    user.user_permissions.add(Permission.objects.get(codename=PERMISSION_OF[action]))
+    ACTIONS[action](task, User.objects.get(pk=user.pk))
+    assert _snapshot(task) != before
 
 
 @pytest.mark.parametrize("action", ACTIONS)

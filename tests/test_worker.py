@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 
 from tasks_app import runner, services
@@ -863,6 +863,18 @@ def test_a_user_without_permission_cannot_pause_a_queue(outsider: User) -> None:
         services.resume_queue("default", actor=outsider, reason="because")
     assert QueueState.objects.get(name="default").paused is True
     assert Event.objects.filter(actor=outsider.username).count() == 0
+
+
+@pytest.mark.django_db
+def test_pausing_needs_the_pause_permission_not_another_on_call_one(outsider: User) -> None:
+    others = ["redrive_task", "resolve_task", "cancel_task"]
+    outsider.user_permissions.add(*Permission.objects.filter(codename__in=others))
+    user = User.objects.get(pk=outsider.pk)  # a fresh permission cache
+
+    with pytest.raises(NotPermitted, match="pause_queue"):
+        services.pause_queue("default", actor=user, reason="because")
+
+    assert not QueueState.objects.exists()
 
 
 @pytest.mark.django_db
