@@ -12,7 +12,7 @@ PORT ?= 8000
 demo run: export PUBLISH_URL ?= http://$(HOST):$(PORT)/fake/publish/
 demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
 
-.PHONY: help install run migrate demo test test-fast lint format clean bench bench-quick
+.PHONY: help install run migrate demo test lint format clean bench bench-quick
 
 help:
 	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"

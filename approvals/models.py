@@ -101,7 +101,3 @@ class ApprovalRequest(models.Model):
 
     def __str__(self) -> str:
         return f"approval #{self.pk} of task #{self.task_id} r{self.revision} ({self.status})"
-
-    @property
-    def is_pending(self) -> bool:
-        return self.status == ApprovalStatus.PENDING

@@ -188,13 +188,16 @@ def _refused_permission(user: Any) -> str | None:
 
 
 def _enqueued_by(task: Task, actor: Actor) -> bool:
-    """Whether ``actor`` enqueued ``task``: the same user, or a trusted caller's name for
-    them (``"cli:alice"`` is alice)."""
+    """Whether ``actor`` enqueued ``task``: the same user, or the same name once a trusted
+    caller's channel is set aside (``"cli:alice"`` is alice, both ways)."""
     name, user_id = core.actor_fields(actor)
     if user_id is not None and task.created_by_user_id == user_id:
         return True
-    author = task.created_by
-    return author == name or (user_id is not None and author.rsplit(":", 1)[-1] == name)
+    return _bare(task.created_by) == _bare(name)
+
+
+def _bare(name: str) -> str:
+    return name.rsplit(":", 1)[-1]
 
 
 def _revalidate(request: ApprovalRequest, task: Task, seen_hash: str | None) -> None:

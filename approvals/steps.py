@@ -111,7 +111,6 @@ def approval_step(
     expires_after: timedelta,
     on_expiry: str,
     send_back_to: str | None = None,
-    max_attempts: int = 3,
 ) -> StepSpec:
     """A step that waits for a decision.
 
@@ -137,7 +136,8 @@ def approval_step(
         on_expiry=ExpiryPolicy(on_expiry),
         send_back_to=send_back_to or draft_from,
     )
-    return StepSpec(kind, gate, max_attempts=max_attempts, approval=True)
+    # Never claimed, so no attempts to count: one opening per time the task reaches it.
+    return StepSpec(kind, gate, max_attempts=1, approval=True)
 
 
 def check_workflow(workflow: Workflow) -> Workflow:

@@ -101,10 +101,11 @@ def publish(ctx: StepContext) -> dict[str, Any]:
 
 
 def cleanup(ctx: StepContext) -> dict[str, Any]:
-    # Earlier revisions were working copies; the published one is kept by the remote.
+    # Earlier revisions were working copies; the published one is kept by the remote. A
+    # publish resolved by hand ("it happened") has no remote id, only the person's note.
     return {
         "article_id": ctx.payload["article_id"],
-        "published_as": ctx.results["publish"]["remote_id"],
+        "published_as": ctx.results["publish"].get("remote_id"),
         "discarded_revisions": ctx.results["generate_draft"]["revision"],
     }
 

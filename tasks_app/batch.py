@@ -238,6 +238,10 @@ def _claim_batch_one_by_one(
 def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
     """Record the results of many claimed steps; returns the ids accepted.
 
+    The statement makes each task's next step ``pending``, so it is for successes whose
+    next step is not an approval step: those go through :func:`services.complete_step`,
+    which opens the request in the same transaction (``runner.run_batch`` splits them).
+
     A claim that no longer holds its step is refused and recorded as
     ``stale_write_rejected``, exactly as :func:`services.complete_step` does.
     """

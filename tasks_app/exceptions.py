@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 from django.core.exceptions import PermissionDenied
 
 
@@ -84,3 +86,13 @@ class EffectNotApplied(RetryableError):
 class RemoteRefused(PermanentError):
     """The remote refused the write for good (a 4xx): it did not happen, and retrying with
     the same request cannot help."""
+
+
+def error_class(exc: BaseException) -> str:
+    """The dotted name a failed step records as its ``error_class``."""
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def error_text(exc: BaseException) -> str:
+    """The traceback a failed step records as its ``last_error`` (its last 10,000 chars)."""
+    return "".join(traceback.format_exception(exc, limit=8))[-10_000:]

@@ -9,7 +9,6 @@ import os
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +20,8 @@ from django.db.models.functions import Now
 
 from . import batch, services
 from .dispatch import Doorbell, ring_on_commit
-from .effects import Effects, LeaseLost
-from .exceptions import InvalidInput, OutcomeUnknown, PermanentError
+from .effects import LeaseLost
+from .exceptions import InvalidInput, OutcomeUnknown, PermanentError, error_class, error_text
 from .models import Step, StepStatus, Task
 from .workflows import StepContext, StepSpec, registry
 
@@ -137,14 +136,6 @@ class LeaseKeeper:
 lease_keeper = LeaseKeeper()
 
 
-def _error_text(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc, limit=8))[-10_000:]
-
-
-def _error_class(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
-
-
 def _dead(claim: services.Claim, error_class: str, message: str, reason: str) -> None:
     lease_keeper.forget(claim)
     services.fail_step(
@@ -196,9 +187,7 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
 
 
 def _reaches_approval(step: Step) -> bool:
-    flow = registry.get(step.task.workflow, step.task.workflow_version)
-    following = flow.step(step.position + 1) if flow is not None else None
-    return following is not None and following.approval
+    return services.is_approval(step.task, step.position + 1)
 
 
 def _run_one(claim: services.Claim, step: Step) -> Any:
@@ -240,18 +229,8 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
             "permanent_error",
         )
         return _RECORDED
-    ctx = StepContext(
-        task_id=task.pk,
-        step_id=step.pk,
-        payload=task.payload,
-        results=services.step_inputs(task, step.position),
-        attempt=claim.attempt,
-        fencing_token=claim.token,
-        step_key=step.idempotency_key,
-        effects=Effects(step_id=step.pk, step_key=step.idempotency_key, fencing_token=claim.token),
-        timeout=spec.timeout,
-        revision=step.revision,
-        change_request=step.change_request,
+    ctx = services.step_context(
+        task, step, attempt=claim.attempt, token=claim.token, timeout=spec.timeout
     )
     lease_keeper.started(claim, ctx, spec.timeout)
     try:
@@ -260,12 +239,12 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
         logger.warning("step %s lost its lease: %s", step.pk, exc)
         lease_keeper.forget(claim)
         services.fail_step(
-            claim, error_class=_error_class(exc), message=str(exc), retry_in=0, reason=""
+            claim, error_class=error_class(exc), message=str(exc), retry_in=0, reason=""
         )
     except OutcomeUnknown as exc:
-        _dead(claim, _error_class(exc), _error_text(exc), "outcome_unknown")
+        _dead(claim, error_class(exc), error_text(exc), "outcome_unknown")
     except PERMANENT as exc:
-        _dead(claim, _error_class(exc), _error_text(exc), "permanent_error")
+        _dead(claim, error_class(exc), error_text(exc), "permanent_error")
     except Exception as exc:
         _retry(claim, spec, exc)
     else:
@@ -282,8 +261,8 @@ def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:
     lease_keeper.forget(claim)
     services.fail_step(
         claim,
-        error_class=_error_class(exc),
-        message=_error_text(exc),
+        error_class=error_class(exc),
+        message=error_text(exc),
         retry_in=spec.backoff(claim.attempt),
         reason="",
     )

@@ -2,16 +2,16 @@
 
 Each function changes state in one transaction and writes the Event of each transition
 beside it. Lock order is always task row, then step rows, so a cancel racing a claim or
-a completion waits instead of deadlocking. Worker writes (complete, fail, heartbeat) carry
-the fencing token of their claim; a stale token changes nothing and is recorded as
-``stale_write_rejected``.
+a completion waits instead of deadlocking; the only writes that lock a step without its
+task (a heartbeat, the effects ledger's start) take no other lock. Worker writes
+(complete, fail, heartbeat) carry the fencing token of their claim; a stale token changes
+nothing and is recorded as ``stale_write_rejected``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,7 +26,14 @@ from django.utils import timezone
 from . import validation
 from .dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
 from .effects import Effects
-from .exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
+from .exceptions import (
+    IdempotencyConflict,
+    InvalidInput,
+    InvalidTransition,
+    NotPermitted,
+    error_class,
+    error_text,
+)
 from .history import derive_task_status
 from .models import (
     TERMINAL_TASK_STATUSES,
@@ -551,7 +558,7 @@ def _unblock_next(task: Task, after: Step, now: datetime) -> tuple[list[Step], S
     )
     if following is None:
         return [], None
-    if _is_approval(task, following):
+    if is_approval(task, following.position):
         return [], following
     following.status = StepStatus.PENDING
     following.available_at = now
@@ -572,6 +579,26 @@ def step_inputs(task: Task, position: int) -> dict[str, Any]:
     )
 
 
+def step_context(
+    task: Task, step: Step, *, attempt: int, token: int, timeout: float | None = None
+) -> StepContext:
+    """What a handler gets: the payload, earlier results, its place in the retry story, the
+    effects ledger fenced by ``token``, and the request for changes it answers, if any."""
+    return StepContext(
+        task_id=task.pk,
+        step_id=step.pk,
+        payload=task.payload,
+        results=step_inputs(task, step.position),
+        attempt=attempt,
+        fencing_token=token,
+        step_key=step.idempotency_key,
+        effects=Effects(step_id=step.pk, step_key=step.idempotency_key, fencing_token=token),
+        timeout=timeout,
+        revision=step.revision,
+        change_request=step.change_request,
+    )
+
+
 def _open_gate(task: Task, step: Step, *, actor: Actor, reason: str = "") -> None:
     """Open the approval step the task has reached, in the caller's transaction (the task
     row locked): it goes to ``waiting_approval`` and its request is recorded, with an
@@ -586,20 +613,7 @@ def _open_gate(task: Task, step: Step, *, actor: Actor, reason: str = "") -> Non
     """
     flow = registry.get(task.workflow, task.workflow_version)
     spec = flow.step(step.position) if flow is not None else None
-    ctx = StepContext(
-        task_id=task.pk,
-        step_id=step.pk,
-        payload=task.payload,
-        results=step_inputs(task, step.position),
-        attempt=step.attempts,
-        fencing_token=step.fencing_token,
-        step_key=step.idempotency_key,
-        effects=Effects(
-            step_id=step.pk, step_key=step.idempotency_key, fencing_token=step.fencing_token
-        ),
-        revision=step.revision,
-        change_request=step.change_request,
-    )
+    ctx = step_context(task, step, attempt=step.attempts, token=step.fencing_token)
     failure: tuple[str, str] = ("invalid_result", "an approval step must return AwaitDecision")
     data: dict[str, Any] | None = None
     try:
@@ -611,10 +625,7 @@ def _open_gate(task: Task, step: Step, *, actor: Actor, reason: str = "") -> Non
                 data = wait.open_request(task, step)
     except Exception as exc:
         logger.exception("approval step %s of task %s could not open", step.pk, task.pk)
-        failure = (
-            f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "".join(traceback.format_exception(exc, limit=8))[-10_000:],
-        )
+        failure = (error_class(exc), error_text(exc))
     if data is None:
         step.status = StepStatus.DEAD
         step.error_class, step.last_error = failure
@@ -821,16 +832,7 @@ def close_gate(
     elif outcome == StepStatus.CANCELLED:
         step.status = StepStatus.CANCELLED
         step.save(update_fields=["status", "finished_at"])
-        rest = list(
-            task.steps.select_for_update()
-            .filter(status__in=(StepStatus.BLOCKED, StepStatus.PENDING))
-            .order_by("position")
-        )
-        for other in rest:
-            other.status = StepStatus.CANCELLED
-            other.finished_at = now
-        Step.objects.bulk_update(rest, ["status", "finished_at"])
-        changed += rest
+        changed += _cancel_steps(task, (StepStatus.BLOCKED, StepStatus.PENDING), now)
     elif outcome == StepStatus.DEAD:
         step.status = StepStatus.DEAD
         step.error_class = kind
@@ -1132,21 +1134,23 @@ def redrive(
 
 
 def _run_or_open(task: Task, steps: Sequence[Step], *, actor: Actor) -> None:
-    """After a redrive or a retry: ring for the steps made due again, and open a new
-    request for an approval step among them (no worker runs one)."""
+    """After a redrive or a resolve: ring for the steps made due, and open the request of
+    an approval step among them (no worker runs one)."""
     bells = []
     for step in steps:
-        if _is_approval(task, step):
+        if is_approval(task, step.position):
             _open_gate(task, step, actor=actor)
         else:
             bells.append(Doorbell(step.pk, step.queue))
     ring_on_commit(bells)
 
 
-def _is_approval(task: Task, step: Step) -> bool:
+def is_approval(task: Task, position: int) -> bool:
+    """Whether the step at ``position`` of the task's workflow version is one a person
+    decides (never claimed: opened when the task reaches it)."""
     flow = registry.get(task.workflow, task.workflow_version)
-    spec = flow.step(step.position) if flow is not None else None
-    return spec is not None and spec.kind == step.kind and spec.approval
+    spec = flow.step(position) if flow is not None else None
+    return spec is not None and spec.approval
 
 
 def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
@@ -1162,7 +1166,7 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
         if not dead:
             raise InvalidTransition(f"task #{task.pk} has no dead step to resolve")
         step = dead[0]
-        if outcome == "done" and _is_approval(locked, step):
+        if outcome == "done" and is_approval(locked, step.position):
             raise InvalidTransition(
                 f"step {step.kind} of task #{task.pk} is an approval: only a person's "
                 "decision lets the task past it (redrive it for a new request, or cancel)"
@@ -1210,6 +1214,16 @@ CANCELLABLE = (
 )
 
 
+def _cancel_steps(task: Task, statuses: Iterable[str], now: datetime) -> list[Step]:
+    """Cancel the task's steps in ``statuses`` (the task is locked); returns them."""
+    steps = list(task.steps.select_for_update().filter(status__in=statuses).order_by("position"))
+    for step in steps:
+        step.status = StepStatus.CANCELLED
+        step.finished_at = now
+    Step.objects.bulk_update(steps, ["status", "finished_at"])
+    return steps
+
+
 def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
     """Cancel what has not run; ask a running step to stop. Its late result does not
     revive the task, and completed side effects are not undone."""
@@ -1222,17 +1236,8 @@ def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
         if locked.cancel_requested_at is not None:
             raise InvalidTransition(f"task #{task.pk} is already being cancelled")
         now = db_now()
-        steps = list(
-            locked.steps.select_for_update().filter(status__in=CANCELLABLE).order_by("position")
-        )
-        before = {step.pk: step.status for step in steps}
-        for step in steps:
-            step.status = StepStatus.CANCELLED
-            step.finished_at = now
-        Step.objects.bulk_update(steps, ["status", "finished_at"])
-        steps_cancelled.send(
-            sender=Task, task=locked, steps=steps, before=before, actor=actor, reason=reason
-        )
+        steps = _cancel_steps(locked, CANCELLABLE, now)
+        steps_cancelled.send(sender=Task, task=locked, steps=steps, actor=actor, reason=reason)
         running = locked.steps.filter(status=StepStatus.RUNNING).exists()
         if running:
             locked.cancel_requested_at = now

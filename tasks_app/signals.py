@@ -5,6 +5,6 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 # Sent inside the cancelling transaction with ``task``, ``steps`` (the rows just
-# cancelled), ``before`` (their statuses before, by id), ``actor`` and ``reason``: an app that keeps
-# its own records for waiting steps (approval requests) closes them in the same commit.
+# cancelled), ``actor`` and ``reason``: an app that keeps its own records for waiting steps
+# (approval requests) closes them in the same commit.
 steps_cancelled = Signal()

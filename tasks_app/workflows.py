@@ -40,7 +40,6 @@ class StepSpec:
     kind: str
     handler: Handler
     max_attempts: int = 3
-    lease_seconds: int | None = None
     backoff_base: float = 1.0
     backoff_cap: float = 300.0
     timeout: float | None = None

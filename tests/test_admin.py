@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -101,3 +101,10 @@ def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
     client = Client()
     password = first.split("admin")[1].split("password:")[1].split()[0]
     assert client.login(username="admin", password=password)
+
+
+@pytest.mark.django_db
+def test_the_enqueue_command_refuses_a_bad_run_after_naming_it() -> None:
+    with pytest.raises(CommandError, match="run_after"):
+        call_command("enqueue", "demo.noop", "--run-after", "next tuesday")
+    assert not Task.objects.exists()

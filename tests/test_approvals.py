@@ -314,6 +314,16 @@ def test_a_command_line_enqueue_names_its_user_who_then_may_not_decide(
     assert pending_request(task) == approval
 
 
+def test_a_user_may_not_decide_their_own_task_from_the_command_line_either(
+    db: None, author: User
+) -> None:
+    task, approval = _waiting_article(actor=author)
+
+    with pytest.raises(NotPermitted, match="enqueued"):
+        approvals.approve(approval, actor=f"cli:{author.username}")
+    assert pending_request(task) == approval
+
+
 def test_may_decide_offers_only_what_a_decision_would_accept(
     db: None, editor: User, author: User, outsider: User, superuser: User
 ) -> None:

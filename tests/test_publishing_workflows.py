@@ -126,6 +126,20 @@ def test_a_refusing_remote_dead_letters_publish_without_leaving_an_unknown_effec
     assert not Effect.objects.filter(step=current(task, "publish")).exists()
 
 
+def test_a_publish_resolved_by_hand_lets_the_cleanup_finish(
+    db: None, editor: User, oncall: User, settings: Any, remotes: Remotes
+) -> None:
+    settings.PUBLISH_URL = "file:///etc/passwd"  # refused: the step dies
+    task = advance(_approved(article(), editor))
+    assert task.status == TaskStatus.DEAD
+
+    services.resolve(task, actor=oncall, reason="published by hand in the CMS", outcome="done")
+    task = advance(task)
+
+    assert task.status == TaskStatus.SUCCEEDED
+    assert result_of(task, "cleanup")["published_as"] is None
+
+
 def test_an_unreachable_remote_is_retried_and_nothing_is_left_started(
     db: None, editor: User, settings: Any, remotes: Remotes
 ) -> None:

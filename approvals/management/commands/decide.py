@@ -8,8 +8,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals import services
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals import selectors, services
+from approvals.models import ApprovalRequest
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 
 DECISIONS = {
@@ -37,11 +37,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         user = self._user(options["user"]) if options["user"] else None
         if options["decision"] == "list":
-            pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
-            for request in pending.select_related("task"):
-                # With --user, only what that user may decide.
-                if user is None or services.may_decide(request, user) is None:
-                    self.stdout.write(json.dumps(_row(request), ensure_ascii=False))
+            # With --user, only what that user may decide.
+            listed = selectors.decidable_by(user) if user else selectors.pending_requests()
+            for request in listed:
+                self.stdout.write(json.dumps(_row(request), ensure_ascii=False))
             return
         if options["request"] is None or user is None:
             raise CommandError("deciding needs a request id and --user")

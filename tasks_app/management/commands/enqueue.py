@@ -28,7 +28,12 @@ class Command(BaseCommand):
             payload = json.loads(options["payload"])
         except json.JSONDecodeError as exc:
             raise CommandError(f"payload: not valid JSON ({exc})") from None
-        run_after = datetime.fromisoformat(options["run_after"]) if options["run_after"] else None
+        try:
+            run_after = (
+                datetime.fromisoformat(options["run_after"]) if options["run_after"] else None
+            )
+        except ValueError:
+            raise CommandError("run_after: not an ISO 8601 date and time") from None
         try:
             result = services.enqueue(
                 options["workflow"],
