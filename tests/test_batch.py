@@ -9,9 +9,9 @@ published after commit) are transactional.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from tasks_app.services import Claim
 from tasks_app.tasks import run_step
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.conftest import BrokerView, backdate, only_step, worker_thread
+from tests.e2e_support import wait_for
 
 WORKER = "w1"
 LEASE = django_settings.TASKS_LEASE_SECONDS
@@ -1150,9 +1151,7 @@ def test_the_heartbeat_keeps_a_waiting_claim_of_the_batch_alive_while_an_earlier
     # renews it although its handler has not started.
     backdate(waiting)
     live = Step.objects.filter(pk=waiting.pk, lease_expires_at__gt=Now())
-    deadline = time.monotonic() + 20
-    while not live.exists():
-        assert time.monotonic() < deadline, "the waiting claim's lease was never renewed"
+    wait_for(live.exists, timeout=20, interval=0.01, what="the waiting claim's lease renewed")
     assert fresh(waiting).status == StepStatus.RUNNING
     assert fresh(waiting).result is None  # ... and it still has not run
     assert services.reap_expired_leases() == 0
@@ -1195,20 +1194,22 @@ def test_a_renewal_racing_the_batchs_own_completion_is_not_recorded_as_a_stale_w
         # third of the one-second lease) queue behind it if the claim is still renewed.
         Step.objects.select_for_update().get(pk=step.pk)
         thread.start()
-        deadline = time.monotonic() + 20
-        while not any("WITH input AS" in query for query in _waiting_statements()):
-            assert time.monotonic() < deadline, "the completion never reached the step row"
-        deadline = time.monotonic() + 2
-        while len(_waiting_statements()) < 2 and time.monotonic() < deadline:
-            pass
+        wait_for(
+            lambda: any("WITH input AS" in query for query in _waiting_statements()),
+            timeout=20,
+            interval=0.01,
+            what="the completion to reach the step row",
+        )
+        # A renewal may or may not come due while the row is held; give it the time to.
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: len(_waiting_statements()) >= 2, timeout=2, interval=0.01)
         renewal_queued = len(_waiting_statements()) >= 2
     thread.join(timeout=30)
     if renewal_queued:
         # The queued renewal ends moments after the completion commits, on its own thread.
         stale = Event.objects.filter(task_id=step.task_id, kind=EventKind.STALE_WRITE_REJECTED)
-        deadline = time.monotonic() + 3
-        while not stale.exists() and time.monotonic() < deadline:
-            pass
+        with contextlib.suppress(AssertionError):
+            wait_for(stale.exists, timeout=3, interval=0.01)
 
     assert not thread.is_alive()
     assert not errors

@@ -6,6 +6,7 @@ the broker: no task, no step, no event, no counter, no message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import queue
 import threading
@@ -354,8 +355,9 @@ def test_it_stores_the_sha256_of_workflow_and_canonical_payload() -> None:
     c = services.enqueue("demo.flaky", {"a": "é", "b": 1}).task
 
     assert a.payload_hash == b.payload_hash != c.payload_hash
-    assert len(a.payload_hash) == 64
-    assert int(a.payload_hash, 16) >= 0
+    canonical = '{"a":"é","b":1}'  # sorted keys, no spaces, not ASCII-escaped
+    assert a.payload_hash == hashlib.sha256(f"demo.noop\n{canonical}".encode()).hexdigest()
+    assert c.payload_hash == hashlib.sha256(f"demo.flaky\n{canonical}".encode()).hexdigest()
     assert Task.objects.get(pk=a.pk).payload == {"a": "é", "b": 1}
 
 
