@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
 from django.db.models import QuerySet
 
+from tasks_app.models import Step
 from tasks_app.services import Actor
 
 from .models import ApprovalRequest, ApprovalStatus
@@ -20,5 +26,105 @@ def pending_requests() -> QuerySet[ApprovalRequest]:
 
 
 def decidable_by(actor: Actor) -> list[ApprovalRequest]:
-    """The pending requests ``actor`` may decide (:func:`services.may_decide`)."""
-    return [request for request in pending_requests() if may_decide(request, actor) is None]
+    """The pending requests ``actor`` may decide (:func:`services.may_decide`), the
+    longest waiting first."""
+    requests = pending_requests().order_by("created_at", "id")
+    return [request for request in requests if may_decide(request, actor) is None]
+
+
+# --- the review page --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DiffPart:
+    op: str  # "equal", "insert" or "delete"
+    text: str
+
+
+@dataclass(frozen=True)
+class DraftField:
+    name: str
+    text: str
+    # Against the previous revision's draft; None when there is none or nothing changed.
+    diff: list[DiffPart] | None
+
+
+@dataclass(frozen=True)
+class Review:
+    request: ApprovalRequest
+    fields: list[DraftField]
+    previous: ApprovalRequest | None
+    # Decided requests of the same task before this one, oldest first (their comments).
+    earlier: list[ApprovalRequest]
+    # The step an approval lets run next, or None when the approval ends the task.
+    next_step: Step | None
+
+    @property
+    def changed(self) -> bool:
+        return any(field.diff is not None for field in self.fields)
+
+
+_WORDS = re.compile(r"\s+|[^\s]+")
+
+
+def word_diff(old: str, new: str) -> list[DiffPart]:
+    """The word-level changes from ``old`` to ``new`` (whitespace kept as its own token)."""
+    before, after = _WORDS.findall(old), _WORDS.findall(new)
+    parts: list[DiffPart] = []
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    for op, a1, a2, b1, b2 in matcher.get_opcodes():
+        if op == "equal":
+            parts.append(DiffPart("equal", "".join(before[a1:a2])))
+            continue
+        if a2 > a1:
+            parts.append(DiffPart("delete", "".join(before[a1:a2])))
+        if b2 > b1:
+            parts.append(DiffPart("insert", "".join(after[b1:b2])))
+    return parts
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def _fields(draft: Any, previous: Any) -> list[DraftField]:
+    if not isinstance(draft, dict):
+        draft, previous = {"draft": draft}, {"draft": previous} if previous is not None else None
+    fields = []
+    for name, value in draft.items():
+        text = _text(value)
+        old = previous.get(name) if isinstance(previous, dict) else None
+        diff = None
+        if old is not None and _text(old) != text:
+            diff = word_diff(_text(old), text)
+        fields.append(DraftField(str(name), text, diff))
+    return fields
+
+
+def review(request: ApprovalRequest) -> Review:
+    """Everything an editor needs to decide ``request``."""
+    earlier = list(
+        ApprovalRequest.objects.filter(task_id=request.task_id, id__lt=request.pk).order_by("id")
+    )
+    previous = next(
+        (
+            other
+            for other in reversed(earlier)
+            if other.revision < request.revision and other.draft is not None
+        ),
+        None,
+    )
+    position = request.step.position
+    next_step = (
+        Step.objects.filter(task_id=request.task_id, position=position + 1)
+        .exclude(status="superseded")
+        .order_by("-revision")
+        .first()
+    )
+    return Review(
+        request=request,
+        fields=_fields(request.draft, previous.draft if previous else None),
+        previous=previous,
+        earlier=earlier,
+        next_step=next_step,
+    )

@@ -3,14 +3,16 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
+
+from console import views as console_views
 
 urlpatterns = [
-    # Until the dashboard exists the admin is the console.
-    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
     path("admin/", admin.site.urls),
+    path("accounts/login/", console_views.login, name="login"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("", include("console.urls")),
 ]
 
 if settings.TASKS_FAKE_REMOTES:
-    # Stand-ins for the publishing and mail services, so the demo workflows complete.
+    # Stand-ins for the publishing and mail services, so the demo completes.
     urlpatterns.append(path("fake/", include("approvals.urls")))

@@ -94,6 +94,15 @@ class Task(models.Model):
                 name="task_active_status_idx",
                 condition=Q(status__in=["pending", "running", "waiting_approval", "dead"]),
             ),
+            # The overview's "succeeded in the last hour / day" and its per-minute chart:
+            # a range over recent finishes, however long the history.
+            models.Index(
+                fields=["finished_at"],
+                name="task_succeeded_idx",
+                condition=Q(status="succeeded"),
+            ),
+            # On PostgreSQL a GIN index (jsonb_path_ops) on ``payload`` serves the task
+            # list's payload filter by containment; migration 0005 makes it there only.
         ]
         constraints = [
             models.CheckConstraint(
@@ -293,6 +302,13 @@ class Event(models.Model):
                 fields=["actor", "created_at"],
                 name="event_audit_actor_idx",
                 condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
+            ),
+            # The overview's retries, dead letters and lease expiries of the last hour:
+            # rare kinds, so the index stays small beside the many routine events.
+            models.Index(
+                fields=["created_at"],
+                name="event_trouble_idx",
+                condition=Q(kind__in=["dead_lettered", "lease_expired", "retry_scheduled"]),
             ),
         ]
 

@@ -1300,3 +1300,58 @@ def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
 
 def paused_queues() -> list[str]:
     return list(QueueState.objects.filter(paused=True).values_list("name", flat=True))
+
+
+# --- bulk actions on dead letters --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BulkReport:
+    action: str
+    changed: list[int]
+    # Tasks the action no longer applied to (changed by someone else meanwhile), and why.
+    skipped: list[tuple[int, str]]
+    # More tasks matched than the limit allowed; they were left alone.
+    limited: bool
+
+
+BULK_ACTIONS: dict[str, tuple[str, Callable[..., Task]]] = {
+    "redrive": ("redrive_task", lambda task, **kw: redrive(task, **kw)),
+    "resolve_done": ("resolve_task", lambda task, **kw: resolve(task, outcome="done", **kw)),
+    "resolve_retry": ("resolve_task", lambda task, **kw: resolve(task, outcome="retry", **kw)),
+    "cancel": ("cancel_task", lambda task, **kw: cancel(task, **kw)),
+}
+
+
+def act_on_dead(
+    tasks: Iterable[Task], *, action: str, actor: Actor, reason: str, limit: int
+) -> BulkReport:
+    """Apply one operator action to each of ``tasks`` (at most ``limit``), each in its own
+    transaction with its own Event, as if done one by one.
+
+    The permission, the reason and the limit are checked before anything changes; a task
+    that meanwhile left the dead state is skipped and reported, not an error for the rest.
+    """
+    if action not in BULK_ACTIONS:
+        raise InvalidInput("action", "choice", f"action: one of {', '.join(BULK_ACTIONS)}")
+    permission, run = BULK_ACTIONS[action]
+    _check_permission(actor, permission)
+    reason = validation.require_text(reason, "reason")
+    if not 1 <= limit <= settings.CONSOLE_BULK_LIMIT:
+        raise InvalidInput(
+            "limit", "range", f"limit: from 1 to {settings.CONSOLE_BULK_LIMIT} tasks per action"
+        )
+    changed: list[int] = []
+    skipped: list[tuple[int, str]] = []
+    limited = False
+    for task in tasks:
+        if len(changed) + len(skipped) == limit:
+            limited = True
+            break
+        try:
+            run(task, actor=actor, reason=reason)
+        except InvalidTransition as exc:
+            skipped.append((task.pk, str(exc)))
+        else:
+            changed.append(task.pk)
+    return BulkReport(action, changed, skipped, limited)

@@ -21,12 +21,6 @@ def admin_client_logged_in(superuser: User) -> Client:
     return client
 
 
-def test_the_root_redirects_to_the_admin_until_the_dashboard_exists(client: Client) -> None:
-    response = client.get("/")
-    assert response.status_code == 302
-    assert response["Location"] == reverse("admin:index")
-
-
 @pytest.mark.django_db
 def test_a_task_page_shows_steps_leases_and_the_timeline_escaped(
     admin_client_logged_in: Client,

@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .e2e_support import Worker, manage, wait_for
+from .e2e_support import PYTHON, ROOT, Worker, manage, wait_for
 from .remotes import loopback_remotes
+from .test_console_permissions import ACTION_CASES, PAGE_CASES
 
 # The environment variables that would switch away from the embedded default.
 SERVICE_VARIABLES = ("DATABASE_URL", "REDIS_URL", "TASKS_BROKER_PREFIX")
@@ -178,3 +180,28 @@ def test_the_embedded_default_takes_the_demo_article_through_its_review(tmp_path
     assert [write["key"] for write in publishing.applied] == [
         "demo:publish:article-001:v1:2:publish:publish"
     ]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_the_console_answers_every_role_as_its_tables_say_on_the_embedded_default(
+    tmp_path: Path,
+) -> None:
+    """The permission tables of test_console_permissions, on SQLite, page by page."""
+    env = {**embedded_env(tmp_path / "var"), "DJANGO_ALLOWED_HOSTS": "testserver"}
+    manage("migrate", "--noinput", env=env, timeout=90)
+    done = subprocess.run(
+        [PYTHON, "-m", "tests.embedded_console"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = [tuple(json.loads(line)) for line in done.stdout.splitlines() if line.startswith("[")]
+    expected = [("page", *case) for case in PAGE_CASES] + [
+        ("action", *case) for case in ACTION_CASES
+    ]
+    assert seen == expected

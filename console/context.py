@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from django.http import HttpRequest
+
+# The nav entry each page belongs to, by URL name.
+SECTIONS = {
+    "overview": "overview",
+    "tasks": "tasks",
+    "task": "tasks",
+    "dead": "dead",
+    "dead_bulk": "dead",
+    "approvals": "approvals",
+    "review": "approvals",
+    "decide": "approvals",
+    "queues": "queues",
+    "audit": "audit",
+}
+
+
+def section(request: HttpRequest) -> dict[str, str]:
+    match = request.resolver_match
+    name = match.url_name if match and match.namespace == "console" else ""
+    return {"section": SECTIONS.get(name or "", "")}

@@ -1,0 +1,249 @@
+"""The console's forms: filters read from the query string, and the fields of each action.
+
+Filters turn into the selectors' filter objects; a bad value is a form error naming the
+field. Action forms only parse; the rules (a reason is required, a payload follows the
+input rules) live in the services, whose :class:`InvalidInput` the views show on the
+field it names.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.cache import cache
+
+from tasks_app.models import EventKind, TaskStatus
+from tasks_app.selectors import AuditFilter, DeadFilter, TaskFilter, workflow_names
+
+
+def _choices(values: list[str], blank: str = "any") -> list[tuple[str, str]]:
+    return [("", blank), *((value, value) for value in values)]
+
+
+def _set_choices(form: forms.Form, **choices: list[str]) -> None:
+    """Choices read when the form is made (workflows register at start-up)."""
+    for name, values in choices.items():
+        field = form.fields[name]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = _choices(values)
+
+
+class _Filter(forms.Form):
+    """A GET filter: every field optional; ``after`` is the keyset cursor."""
+
+    after = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+    def cursor(self) -> int | None:
+        return self.cleaned_data.get("after") if self.is_valid() else None
+
+
+class TaskFilterForm(_Filter):
+    status = forms.ChoiceField(required=False, choices=_choices(list(TaskStatus.values)))
+    workflow = forms.ChoiceField(required=False)
+    queue = forms.ChoiceField(required=False)
+    key = forms.CharField(required=False, max_length=255, label="Idempotency key")
+    payload = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Payload field",
+        help_text="FIELD=VALUE, e.g. article_id=article-001 or customer.id=42",
+    )
+    since = forms.DateTimeField(required=False, help_text="Created at or after (UTC)")
+    until = forms.DateTimeField(required=False, help_text="Created before (UTC)")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _set_choices(self, workflow=workflow_names(), queue=list(settings.TASKS_QUEUES))
+
+    def clean_payload(self) -> tuple[str, Any] | None:
+        raw: str = self.cleaned_data["payload"].strip()
+        if not raw:
+            return None
+        path, sep, text = raw.partition("=")
+        path = path.strip()
+        if not sep or not path or any(not part for part in path.split(".")):
+            raise forms.ValidationError("payload: write FIELD=VALUE (a dotted path for nesting)")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        return path, value
+
+    def filters(self) -> TaskFilter:
+        data = self.cleaned_data if self.is_valid() else {}
+        return TaskFilter(
+            status=data.get("status", ""),
+            workflow=data.get("workflow", ""),
+            queue=data.get("queue", ""),
+            key=data.get("key", ""),
+            payload=data.get("payload"),
+            since=data.get("since"),
+            until=data.get("until"),
+        )
+
+
+class DeadFilterForm(_Filter):
+    workflow = forms.ChoiceField(required=False)
+    queue = forms.ChoiceField(required=False)
+    # Declared fields leave the class attributes, so the form's own ``error_class`` (the
+    # error list type) is not shadowed at run time; only the checker sees a clash.
+    error_class = forms.CharField(  # type: ignore[assignment]
+        required=False, max_length=200, label="Error class"
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _set_choices(self, workflow=workflow_names(), queue=list(settings.TASKS_QUEUES))
+
+    def filters_query(self) -> str:
+        """The filter as a query string, for the page after a plain POST."""
+        return urlencode({k: v for k, v in self.filters().__dict__.items() if v})
+
+    def filters(self) -> DeadFilter:
+        data = self.cleaned_data if self.is_valid() else {}
+        return DeadFilter(
+            workflow=data.get("workflow", ""),
+            queue=data.get("queue", ""),
+            error_class=data.get("error_class", ""),
+        )
+
+
+class AuditFilterForm(_Filter):
+    actor = forms.CharField(required=False, max_length=150)
+    kind = forms.ChoiceField(required=False, label="Action", choices=_choices(EventKind.values))
+    workflow = forms.ChoiceField(required=False)
+    since = forms.DateTimeField(required=False, help_text="At or after (UTC)")
+    until = forms.DateTimeField(required=False, help_text="Before (UTC)")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _set_choices(self, workflow=workflow_names())
+
+    def filters(self) -> AuditFilter:
+        data = self.cleaned_data if self.is_valid() else {}
+        return AuditFilter(
+            actor=data.get("actor", ""),
+            kind=data.get("kind", ""),
+            workflow=data.get("workflow", ""),
+            since=data.get("since"),
+            until=data.get("until"),
+        )
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+class ReasonForm(forms.Form):
+    # Required by the services, which say so with the field's name.
+    reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea({"rows": 2}))
+
+
+class RedriveForm(ReasonForm):
+    payload = forms.CharField(
+        required=False,
+        max_length=200_000,
+        widget=forms.Textarea({"rows": 8, "spellcheck": "false"}),
+        help_text="Leave empty to keep the payload; a JSON object replaces it.",
+    )
+
+    def clean_payload(self) -> dict[str, Any] | None:
+        raw: str = self.cleaned_data["payload"].strip()
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise forms.ValidationError(f"payload: not valid JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("payload: must be a JSON object")
+        return value
+
+
+class ResolveForm(ReasonForm):
+    outcome = forms.ChoiceField(
+        required=False, choices=[("done", "it happened"), ("retry", "it did not")]
+    )
+
+
+BULK_ACTIONS = [
+    ("redrive", "Redrive"),
+    ("resolve_done", "Mark done"),
+    ("resolve_retry", "Run again"),
+    ("cancel", "Cancel task"),
+]
+
+
+class BulkForm(ReasonForm):
+    action = forms.ChoiceField(choices=BULK_ACTIONS)
+    limit = forms.IntegerField(min_value=1, required=False)
+    confirm = forms.BooleanField(required=False)
+    workflow = forms.CharField(required=False, max_length=100)
+    queue = forms.CharField(required=False, max_length=64)
+    error_class = forms.CharField(required=False, max_length=200)  # type: ignore[assignment]
+
+    def clean_limit(self) -> int:
+        limit: int | None = self.cleaned_data.get("limit")
+        cap: int = settings.CONSOLE_BULK_LIMIT
+        if limit is None:
+            return cap
+        if limit > cap:
+            raise forms.ValidationError(f"limit: at most {cap} tasks per action")
+        return limit
+
+    def filters(self) -> DeadFilter:
+        return DeadFilter(
+            workflow=self.cleaned_data.get("workflow", ""),
+            queue=self.cleaned_data.get("queue", ""),
+            error_class=self.cleaned_data.get("error_class", ""),
+        )
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(
+        choices=[
+            ("approve", "Approve"),
+            ("reject", "Reject"),
+            ("request_changes", "Request changes"),
+        ]
+    )
+    comment = forms.CharField(
+        required=False,
+        max_length=5000,
+        widget=forms.Textarea({"rows": 3}),
+        help_text="Required to reject or to request changes.",
+    )
+    draft_hash = forms.CharField(max_length=64, widget=forms.HiddenInput)
+
+
+# --- login ----------------------------------------------------------------------------------
+
+
+class ThrottledLoginForm(AuthenticationForm):
+    """Django's login form, refusing further tries after too many failures for one
+    username or one address within the window (counted in the shared cache)."""
+
+    @staticmethod
+    def counter_keys(username: str, address: str) -> list[str]:
+        return [f"login-fail:user:{username.strip().lower()}", f"login-fail:addr:{address}"]
+
+    def clean(self) -> dict[str, Any]:
+        address = self.request.META.get("REMOTE_ADDR", "") if self.request else ""
+        keys = self.counter_keys(self.cleaned_data.get("username") or "", address)
+        limit = settings.CONSOLE_LOGIN_ATTEMPTS
+        if any((cache.get(key) or 0) >= limit for key in keys):
+            minutes = max(settings.CONSOLE_LOGIN_WINDOW_SECONDS // 60, 1)
+            raise forms.ValidationError(
+                f"Too many failed logins: try again in {minutes} minutes.", code="throttled"
+            )
+        try:
+            return super().clean()
+        except forms.ValidationError:
+            for key in keys:
+                cache.add(key, 0, settings.CONSOLE_LOGIN_WINDOW_SECONDS)
+                cache.incr(key)
+            raise

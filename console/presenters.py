@@ -1,0 +1,83 @@
+"""How the console shows values: secrets redacted, JSON pretty-printed, durations short.
+
+The templates escape everything they print; these only decide what text is shown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+REDACTED = "•••redacted•••"
+
+
+def redact(value: Any, keys: Iterable[str] | None = None) -> Any:
+    """A copy of ``value`` with the value of every secret key replaced, at any depth
+    (keys compared case-insensitively, ``-`` and ``_`` alike)."""
+    secret = {_norm(key) for key in (settings.CONSOLE_REDACT_KEYS if keys is None else keys)}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                key: REDACTED if _norm(str(key)) in secret else walk(item)
+                for key, item in node.items()
+            }
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    return walk(value)
+
+
+def restore_redacted(edited: Any, original: Any) -> Any:
+    """``edited`` with each redaction placeholder put back to the value it hid in
+    ``original`` at the same place, so an edit made on a redacted copy keeps the secrets
+    nobody saw (a placeholder with nothing behind it stays as typed)."""
+    if edited == REDACTED:
+        return original if original is not None else edited
+    if isinstance(edited, dict):
+        known: dict[str, Any] = original if isinstance(original, dict) else {}
+        return {key: restore_redacted(item, known.get(key)) for key, item in edited.items()}
+    if isinstance(edited, list):
+        items: list[Any] = original if isinstance(original, list) else []
+        return [
+            restore_redacted(item, items[i] if i < len(items) else None)
+            for i, item in enumerate(edited)
+        ]
+    return edited
+
+
+def _norm(key: str) -> str:
+    return key.strip().lower().replace("-", "_")
+
+
+def pretty_json(value: Any) -> str:
+    """Redacted, indented JSON for a ``<pre>`` block."""
+    return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def short_duration(delta: timedelta | None) -> str:
+    """``3 s``, ``4 min``, ``2 h 5 min``, ``3 d 4 h``; an em dash for nothing."""
+    if delta is None:
+        return "—"
+    seconds = int(delta.total_seconds())
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def error_summary(text: str) -> str:
+    """The line of a stored error that says what went wrong: a traceback's last line."""
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""

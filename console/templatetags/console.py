@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django import template
+
+from console import presenters
+
+register = template.Library()
+
+
+@register.filter
+def duration(value: timedelta | None) -> str:
+    return presenters.short_duration(value)
+
+
+@register.filter
+def percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """Indented JSON with secrets redacted (escaped by the template like any text)."""
+    return presenters.pretty_json(value)
+
+
+@register.filter
+def since(value: Any, now: Any) -> str:
+    """How long before ``now`` the moment ``value`` was."""
+    if value is None or now is None:
+        return "—"
+    return presenters.short_duration(max(now - value, timedelta(0)))
+
+
+@register.filter
+def label(value: str | None) -> str:
+    """``waiting_approval`` as ``waiting approval``."""
+    return (value or "").replace("_", " ")
+
+
+@register.filter
+def error_summary(text: str | None) -> str:
+    return presenters.error_summary(text or "")

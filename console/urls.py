@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("tasks/", views.task_list, name="tasks"),
+    path("tasks/<int:pk>/", views.task_detail, name="task"),
+    path("tasks/<int:pk>/redrive/", views.task_redrive, name="task_redrive"),
+    path("tasks/<int:pk>/resolve/", views.task_resolve, name="task_resolve"),
+    path("tasks/<int:pk>/cancel/", views.task_cancel, name="task_cancel"),
+    path("dead/", views.dead_letters, name="dead"),
+    path("dead/bulk/", views.dead_bulk, name="dead_bulk"),
+    path("approvals/", views.approval_list, name="approvals"),
+    path("approvals/<int:pk>/", views.review, name="review"),
+    path("approvals/<int:pk>/decide/", views.decide, name="decide"),
+    path("queues/", views.queue_list, name="queues"),
+    path("queues/<str:name>/pause/", views.queue_pause, name="queue_pause"),
+    path("queues/<str:name>/resume/", views.queue_resume, name="queue_resume"),
+    path("audit/", views.audit, name="audit"),
+    path("audit/export.csv", views.audit_export, name="audit_export"),
+]

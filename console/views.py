@@ -1,0 +1,467 @@
+"""The console's pages and actions.
+
+Each view parses a form, calls one selector or service, and answers with the page's
+partial for an htmx request, or the full page (a redirect after a successful plain POST).
+Permissions on reads are the decorators'; on writes the services decide, and their
+refusals map to status codes here: :class:`NotPermitted` 403, :class:`InvalidInput` 400,
+:class:`InvalidTransition` 409, each shown with its message and changing nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required, permission_required
+from django.contrib.auth.models import AnonymousUser, User
+from django.forms import Form
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import trigger_client_event
+from django_htmx.middleware import HtmxDetails
+
+from approvals import selectors as approval_selectors
+from approvals import services as approval_services
+from approvals.models import ApprovalRequest
+from tasks_app import selectors, services
+from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
+from tasks_app.models import Task
+
+from . import charts, forms, presenters
+
+
+class ConsoleRequest(HttpRequest):
+    htmx: HtmxDetails
+    user: User | AnonymousUser
+
+
+VIEW_TASKS = "tasks_app.view_task"
+VIEW_APPROVALS = "approvals.view_approvalrequest"
+VIEW_AUDIT = "tasks_app.view_audit_log"
+EXPORT_AUDIT = "tasks_app.export_audit_log"
+
+view_tasks = permission_required(VIEW_TASKS, raise_exception=True)
+
+
+def _page(
+    request: ConsoleRequest,
+    template: str,
+    context: dict[str, Any],
+    *,
+    partial: str,
+    status: int = 200,
+) -> HttpResponse:
+    """The full page, or only its ``partial`` region for htmx (history restores excepted)."""
+    if request.htmx and not request.htmx.history_restore_request:
+        template = f"{template}#{partial}"
+    return render(request, template, context, status=status)
+
+
+# --- login ----------------------------------------------------------------------------------
+
+
+login = login_not_required(
+    auth_views.LoginView.as_view(
+        authentication_form=forms.ThrottledLoginForm, redirect_authenticated_user=True
+    )
+)
+
+
+# --- overview -------------------------------------------------------------------------------
+
+
+@require_GET
+@view_tasks
+def overview(request: ConsoleRequest) -> HttpResponse:
+    summary = selectors.overview()
+    context = {"o": summary, "chart": charts.throughput_chart(summary.throughput)}
+    return _page(request, "console/overview.html", context, partial="overview")
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+
+@require_GET
+@view_tasks
+def task_list(request: ConsoleRequest) -> HttpResponse:
+    form = forms.TaskFilterForm(request.GET)
+    page = selectors.task_page(form.filters(), after=form.cursor())
+    return _page(request, "console/tasks.html", {"form": form, "page": page}, partial="results")
+
+
+@require_GET
+@view_tasks
+def task_detail(request: ConsoleRequest, pk: int) -> HttpResponse:
+    task = get_object_or_404(Task, pk=pk)
+    return _task_page(request, task)
+
+
+def _task_page(
+    request: ConsoleRequest,
+    task: Task,
+    *,
+    status: int = 200,
+    error: str = "",
+    action_forms: dict[str, Form] | None = None,
+) -> HttpResponse:
+    detail = selectors.task_detail(task)
+    end = task.finished_at or detail.now
+    lanes = charts.attempt_lanes(detail.steps, start=task.created_at, end=end)
+    context = {
+        "d": detail,
+        "task": task,
+        "actions": selectors.task_actions(detail, request.user),
+        "lanes": lanes,
+        "error": error,
+        "redrive_form": _action_form("redrive_form"),
+        # Secrets stay hidden in the editor too; a redrive puts back what was not changed.
+        "changes_form": _action_form(
+            "changes_form", initial={"payload": presenters.pretty_json(task.payload)}
+        ),
+        "resolve_form": _action_form("resolve_form"),
+        "cancel_form": _action_form("cancel_form"),
+        **(action_forms or {}),
+    }
+    return _page(request, "console/task_detail.html", context, partial="task", status=status)
+
+
+# The task page's action forms share field names (the URL contract's ``reason``), so each
+# has its own element ids.
+ACTION_FORMS: dict[str, tuple[type[forms.ReasonForm], str]] = {
+    "redrive_form": (forms.RedriveForm, "redrive_%s"),
+    "changes_form": (forms.RedriveForm, "changes_%s"),
+    "resolve_form": (forms.ResolveForm, "resolve_%s"),
+    "cancel_form": (forms.ReasonForm, "cancel_%s"),
+}
+
+
+def _action_form(name: str, data: Any = None, **kwargs: Any) -> forms.ReasonForm:
+    form_class, auto_id = ACTION_FORMS[name]
+    return form_class(data, auto_id=auto_id, **kwargs)
+
+
+def _task_action(
+    request: ConsoleRequest,
+    pk: int,
+    form_name: str,
+    act: Callable[[Task, dict[str, Any]], object],
+    done: str,
+) -> HttpResponse:
+    """Run one operator action on a task and answer with its page."""
+    task = get_object_or_404(Task, pk=pk)
+    form = _action_form(form_name, request.POST)
+    if not form.is_valid():
+        return _task_page(request, task, status=400, action_forms={form_name: form})
+    try:
+        act(task, form.cleaned_data)
+    except NotPermitted as exc:
+        return _task_page(request, task, status=403, error=f"Not permitted: {exc}")
+    except InvalidInput as exc:
+        form.add_error(_form_field(form, exc), str(exc))
+        return _task_page(request, task, status=400, action_forms={form_name: form})
+    except InvalidTransition as exc:
+        task.refresh_from_db()
+        return _task_page(request, task, status=409, error=str(exc))
+    messages.success(request, f"Task #{task.pk}: {done}.")
+    if request.htmx:
+        task.refresh_from_db()
+        return _task_page(request, task)
+    return redirect("console:task", pk=task.pk)
+
+
+def _form_field(form: Form, exc: InvalidInput) -> str | None:
+    """The form field an input error belongs to (``payload.title`` is the payload's)."""
+    name = exc.field.split(".", 1)[0].split("[", 1)[0]
+    return name if name in form.fields else None
+
+
+@require_POST
+def task_redrive(request: ConsoleRequest, pk: int) -> HttpResponse:
+    form_name = "changes_form" if request.POST.get("payload", "").strip() else "redrive_form"
+    return _task_action(
+        request,
+        pk,
+        form_name,
+        lambda task, data: services.redrive(
+            task,
+            actor=request.user,
+            reason=data["reason"],
+            payload=presenters.restore_redacted(data["payload"], task.payload),
+        ),
+        "redriven",
+    )
+
+
+@require_POST
+def task_resolve(request: ConsoleRequest, pk: int) -> HttpResponse:
+    return _task_action(
+        request,
+        pk,
+        "resolve_form",
+        lambda task, data: services.resolve(
+            task, actor=request.user, reason=data["reason"], outcome=data["outcome"]
+        ),
+        "resolved",
+    )
+
+
+@require_POST
+def task_cancel(request: ConsoleRequest, pk: int) -> HttpResponse:
+    return _task_action(
+        request,
+        pk,
+        "cancel_form",
+        lambda task, data: services.cancel(task, actor=request.user, reason=data["reason"]),
+        "cancel requested",
+    )
+
+
+# --- dead letters ---------------------------------------------------------------------------
+
+
+def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, Any]:
+    filters = filter_form.filters()
+    return {
+        "form": filter_form,
+        "page": selectors.dead_letter_page(filters, after=filter_form.cursor()),
+        "error_classes": selectors.dead_error_classes(),
+        "bulk_form": extra.pop("bulk_form", None)
+        or forms.BulkForm(initial={**filters.__dict__, "limit": settings.CONSOLE_BULK_LIMIT}),
+        "bulk_limit": settings.CONSOLE_BULK_LIMIT,
+        **extra,
+    }
+
+
+@require_GET
+@view_tasks
+def dead_letters(request: ConsoleRequest) -> HttpResponse:
+    context = _dead_context(forms.DeadFilterForm(request.GET))
+    return _page(request, "console/dead.html", context, partial="results")
+
+
+@require_POST
+@view_tasks
+def dead_bulk(request: ConsoleRequest) -> HttpResponse:
+    """Preview (without ``confirm``) or apply one action to every dead task matching the
+    filter, up to the limit."""
+    form = forms.BulkForm(request.POST)
+    filter_form = forms.DeadFilterForm(request.POST)
+    status, report, preview = 200, None, None
+    error = ""
+    if form.is_valid():
+        matching = selectors.dead_tasks(form.filters()).order_by("id")
+        limit = form.cleaned_data["limit"]
+        if not form.cleaned_data["confirm"]:
+            preview = {"count": matching.count(), "limit": limit}
+        else:
+            try:
+                report = services.act_on_dead(
+                    matching[: limit + 1],
+                    action=form.cleaned_data["action"],
+                    actor=request.user,
+                    reason=form.cleaned_data["reason"],
+                    limit=limit,
+                )
+            except NotPermitted as exc:
+                status, error = 403, f"Not permitted: {exc}"
+            except InvalidInput as exc:
+                form.add_error(_form_field(form, exc), str(exc))
+                status = 400
+    else:
+        status = 400
+    context = _dead_context(
+        filter_form, bulk_form=form, report=report, preview=preview, error=error
+    )
+    if report is not None and not request.htmx:
+        messages.success(request, _bulk_summary(report))
+        return redirect(reverse("console:dead") + "?" + filter_form.filters_query())
+    response = _page(request, "console/dead.html", context, partial="bulk", status=status)
+    if report is not None:
+        # The list below the form reloads itself on this event.
+        trigger_client_event(response, "deadChanged")
+    return response
+
+
+def _bulk_summary(report: services.BulkReport) -> str:
+    text = f"{report.action}: {len(report.changed)} task(s) changed"
+    if report.skipped:
+        text += f", {len(report.skipped)} skipped"
+    if report.limited:
+        text += "; more matched than the limit and were left alone"
+    return text + "."
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+
+@require_GET
+@permission_required(VIEW_APPROVALS, raise_exception=True)
+def approval_list(request: ConsoleRequest) -> HttpResponse:
+    context = {"requests": approval_selectors.decidable_by(request.user)}
+    return _page(request, "console/approvals.html", context, partial="results")
+
+
+@require_GET
+@permission_required(VIEW_APPROVALS, raise_exception=True)
+def review(request: ConsoleRequest, pk: int) -> HttpResponse:
+    approval = get_object_or_404(ApprovalRequest.objects.select_related("task", "step"), pk=pk)
+    return _review_page(request, approval)
+
+
+def _review_page(
+    request: ConsoleRequest,
+    approval: ApprovalRequest,
+    *,
+    form: forms.DecisionForm | None = None,
+    status: int = 200,
+    error: str = "",
+    done: str = "",
+) -> HttpResponse:
+    context = {
+        "r": approval_selectors.review(approval),
+        "form": form or forms.DecisionForm(initial={"draft_hash": approval.draft_hash}),
+        "refused": approval_services.may_decide(approval, request.user),
+        "error": error,
+        "done": done,
+    }
+    return _page(request, "console/review.html", context, partial="decision", status=status)
+
+
+DECISIONS: dict[str, tuple[Callable[..., ApprovalRequest], str]] = {
+    "approve": (approval_services.approve, "approved"),
+    "reject": (approval_services.reject, "rejected"),
+    "request_changes": (approval_services.request_changes, "sent back with your comment"),
+}
+
+
+@require_POST
+def decide(request: ConsoleRequest, pk: int) -> HttpResponse:
+    approval = get_object_or_404(ApprovalRequest.objects.select_related("task", "step"), pk=pk)
+    form = forms.DecisionForm(request.POST)
+    if not form.is_valid():
+        return _review_page(request, approval, form=form, status=400)
+    call, verb = DECISIONS[form.cleaned_data["decision"]]
+    try:
+        call(
+            approval,
+            actor=request.user,
+            comment=form.cleaned_data["comment"],
+            draft_hash=form.cleaned_data["draft_hash"],
+        )
+    except NotPermitted as exc:
+        return _review_page(request, approval, form=form, status=403, error=f"Not permitted: {exc}")
+    except InvalidInput as exc:
+        form.add_error(_form_field(form, exc), str(exc))
+        return _review_page(request, approval, form=form, status=400)
+    except InvalidTransition as exc:
+        approval.refresh_from_db()
+        return _review_page(request, approval, form=form, status=409, error=str(exc))
+    done = f"Approval #{approval.pk} {verb}."
+    if not request.htmx:
+        messages.success(request, done)
+        return redirect("console:approvals")
+    approval.refresh_from_db()
+    return _review_page(request, approval, done=done)
+
+
+# --- queues ---------------------------------------------------------------------------------
+
+
+@require_GET
+@view_tasks
+def queue_list(request: ConsoleRequest) -> HttpResponse:
+    return _queues_page(request)
+
+
+def _queues_page(request: ConsoleRequest, *, status: int = 200, error: str = "") -> HttpResponse:
+    context = {"queues": selectors.queues(), "form": forms.ReasonForm(), "error": error}
+    return _page(request, "console/queues.html", context, partial="queues", status=status)
+
+
+def _queue_action(request: ConsoleRequest, name: str, *, paused: bool) -> HttpResponse:
+    form = forms.ReasonForm(request.POST)
+    form.is_valid()
+    switch = services.pause_queue if paused else services.resume_queue
+    try:
+        switch(name, actor=request.user, reason=form.cleaned_data.get("reason", ""))
+    except NotPermitted as exc:
+        return _queues_page(request, status=403, error=f"Not permitted: {exc}")
+    except InvalidInput as exc:
+        return _queues_page(request, status=400, error=f"Queue {name}: {exc}")
+    done = f"Queue {name} {'paused' if paused else 'resumed'}."
+    messages.success(request, done)
+    if request.htmx:
+        return _queues_page(request)
+    return redirect("console:queues")
+
+
+@require_POST
+def queue_pause(request: ConsoleRequest, name: str) -> HttpResponse:
+    return _queue_action(request, name, paused=True)
+
+
+@require_POST
+def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
+    return _queue_action(request, name, paused=False)
+
+
+# --- audit log ------------------------------------------------------------------------------
+
+
+@require_GET
+@permission_required(VIEW_AUDIT, raise_exception=True)
+def audit(request: ConsoleRequest) -> HttpResponse:
+    form = forms.AuditFilterForm(request.GET)
+    page = selectors.audit_page(form.filters(), after=form.cursor())
+    workflows = selectors.task_workflows([e.task_id for e in page.rows if e.task_id])
+    rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
+    context = {"form": form, "page": page, "rows": rows}
+    return _page(request, "console/audit.html", context, partial="results")
+
+
+AUDIT_COLUMNS = ["id", "created_at", "kind", "actor", "task_id", "step_id", "reason", "data"]
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+@require_GET
+@permission_required(EXPORT_AUDIT, raise_exception=True)
+def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
+    """The filtered audit log as CSV, streamed row by row, newest first."""
+    form = forms.AuditFilterForm(request.GET)
+    events = selectors.audit_events(form.filters()).order_by("-id")
+
+    def rows() -> Iterator[str]:
+        writer = csv.writer(_Echo())
+        yield writer.writerow(AUDIT_COLUMNS)
+        for event in events.iterator(chunk_size=2000):
+            yield writer.writerow(
+                [
+                    event.pk,
+                    event.created_at.isoformat(),
+                    event.kind,
+                    event.actor,
+                    event.task_id or "",
+                    event.step_id or "",
+                    event.reason,
+                    _json_line(event.data),
+                ]
+            )
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
+    return response
+
+
+def _json_line(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

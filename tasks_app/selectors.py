@@ -1,0 +1,454 @@
+"""Read queries for the console's pages: counts, lists and one task's whole story.
+
+Every query here stays cheap as finished history grows: counts run over active work
+(the partial indexes on pending, running, waiting and dead rows) or over a bounded time
+window (the last hour or day, served by indexes on ``finished_at`` and on the rare event
+kinds), never over the whole history; lists page by keyset on ``id`` without OFFSET or
+a total count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
+from django.db.models.functions import TruncMinute
+
+from .models import (
+    TERMINAL_TASK_STATUSES,
+    Event,
+    EventKind,
+    Lease,
+    QueueState,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
+from .services import db_now, is_approval
+from .workflows import registry
+
+# --- the overview -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    minute: datetime
+    count: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    now: datetime
+    pending: int
+    running: int
+    retry_scheduled: int
+    waiting_approval: int
+    dead: int
+    succeeded_last_hour: int
+    succeeded_last_day: int
+    oldest_due_at: datetime | None
+    retries_last_hour: int
+    dead_lettered_last_hour: int
+    # Tasks that succeeded per minute over the last hour, oldest minute first (60 entries).
+    throughput: list[MinuteCount]
+    paused: list[QueueState]
+
+    @property
+    def oldest_due_age(self) -> timedelta | None:
+        return None if self.oldest_due_at is None else max(self.now - self.oldest_due_at, ZERO)
+
+    @property
+    def retry_rate(self) -> float | None:
+        """Retries per task finished in the last hour (None when nothing finished)."""
+        return _ratio(self.retries_last_hour, self.succeeded_last_hour)
+
+    @property
+    def dead_letter_rate(self) -> float | None:
+        return _ratio(self.dead_lettered_last_hour, self.succeeded_last_hour)
+
+
+ZERO = timedelta(0)
+# Rare event kinds counted per time window (an index of their own keeps it cheap).
+TROUBLE_EVENT_KINDS = (EventKind.RETRY_SCHEDULED, EventKind.DEAD_LETTERED, EventKind.LEASE_EXPIRED)
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / (part + whole) if part + whole else None
+
+
+def overview() -> Overview:
+    now = db_now()
+    hour_ago, day_ago = now - timedelta(hours=1), now - timedelta(days=1)
+    by_status = dict(Task.objects.active().values_list("status").annotate(n=Count("id")).order_by())
+    retry_scheduled = (
+        Step.objects.filter(status=StepStatus.PENDING, attempts__gt=0, available_at__gt=now)
+        .values("task_id")
+        .distinct()
+        .count()
+    )
+    succeeded = Task.objects.filter(status=TaskStatus.SUCCEEDED, finished_at__gte=day_ago)
+    trouble = dict(
+        Event.objects.filter(kind__in=TROUBLE_EVENT_KINDS, created_at__gte=hour_ago)
+        .values_list("kind")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    paused = list(QueueState.objects.filter(paused=True).order_by("name"))
+    return Overview(
+        now=now,
+        pending=by_status.get(TaskStatus.PENDING, 0) - retry_scheduled,
+        running=by_status.get(TaskStatus.RUNNING, 0),
+        retry_scheduled=retry_scheduled,
+        waiting_approval=by_status.get(TaskStatus.WAITING_APPROVAL, 0),
+        dead=by_status.get(TaskStatus.DEAD, 0),
+        succeeded_last_hour=succeeded.filter(finished_at__gte=hour_ago).count(),
+        succeeded_last_day=succeeded.count(),
+        oldest_due_at=_due_steps(now)
+        .exclude(queue__in=[state.name for state in paused])
+        .aggregate(oldest=Min("available_at"))["oldest"],
+        retries_last_hour=trouble.get(EventKind.RETRY_SCHEDULED, 0),
+        dead_lettered_last_hour=trouble.get(EventKind.DEAD_LETTERED, 0),
+        throughput=_throughput(now),
+        paused=paused,
+    )
+
+
+def _due_steps(now: datetime) -> QuerySet[Step]:
+    return Step.objects.filter(status=StepStatus.PENDING, available_at__lte=now)
+
+
+def _throughput(now: datetime) -> list[MinuteCount]:
+    """Tasks that succeeded in each of the last 60 whole minutes and the current one."""
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=59)
+    counts = {
+        _minute(row["minute"]): row["n"]
+        for row in Task.objects.filter(status=TaskStatus.SUCCEEDED, finished_at__gte=start)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute")
+        .annotate(n=Count("id"))
+        .order_by()
+    }
+    minutes = [start + timedelta(minutes=i) for i in range(60)]
+    return [MinuteCount(minute, counts.get(minute, 0)) for minute in minutes]
+
+
+def _minute(value: datetime) -> datetime:
+    return value.replace(second=0, microsecond=0)
+
+
+# --- queues -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    name: str
+    due: int
+    scheduled: int
+    running: int
+    oldest_due_at: datetime | None
+    state: QueueState | None
+    now: datetime
+
+    @property
+    def paused(self) -> bool:
+        return self.state is not None and self.state.paused
+
+    @property
+    def oldest_due_age(self) -> timedelta | None:
+        return None if self.oldest_due_at is None else max(self.now - self.oldest_due_at, ZERO)
+
+
+def queues() -> list[QueueRow]:
+    """Every configured queue with its depth, lag, running steps and switch."""
+    now = db_now()
+    pending: dict[str, dict[str, Any]] = {
+        row["queue"]: dict(row)
+        for row in Step.objects.filter(status=StepStatus.PENDING)
+        .values("queue")
+        .annotate(
+            due=Count("id", filter=Q(available_at__lte=now)),
+            scheduled=Count("id", filter=Q(available_at__gt=now)),
+            oldest=Min("available_at", filter=Q(available_at__lte=now)),
+        )
+        .order_by()
+    }
+    running = dict(
+        Step.objects.filter(status=StepStatus.RUNNING)
+        .values_list("queue")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    states = {state.name: state for state in QueueState.objects.all()}
+    none: dict[str, Any] = {}
+    return [
+        QueueRow(
+            name=name,
+            due=pending.get(name, none).get("due", 0),
+            scheduled=pending.get(name, none).get("scheduled", 0),
+            running=running.get(name, 0),
+            oldest_due_at=pending.get(name, none).get("oldest"),
+            state=states.get(name),
+            now=now,
+        )
+        for name in settings.TASKS_QUEUES
+    ]
+
+
+# --- lists ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Page[T]:
+    """One keyset page: rows newest first, and the ``after`` value of the next page."""
+
+    rows: list[T]
+    next_after: int | None
+
+
+def keyset_page[M: Task | Event | Step](
+    queryset: QuerySet[M], *, after: int | None, size: int | None = None, key: str = "id"
+) -> Page[M]:
+    """Rows with ``key`` below ``after``, highest first; one extra row tells whether an
+    older page exists, so no count is needed."""
+    size = size or settings.CONSOLE_PAGE_SIZE
+    if after is not None:
+        queryset = queryset.filter(**{f"{key}__lt": after})
+    rows = list(queryset.order_by(f"-{key}")[: size + 1])
+    more = len(rows) > size
+    rows = rows[:size]
+    return Page(rows, _key_of(rows[-1], key) if more else None)
+
+
+def _key_of(row: Any, key: str) -> int:
+    value = row
+    for part in key.split("__"):
+        value = getattr(value, part if part != "task" else "task_id")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    status: str = ""
+    workflow: str = ""
+    queue: str = ""
+    key: str = ""
+    # A payload field as dotted path and the value it must hold (JSON, or else text).
+    payload: tuple[str, Any] | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def tasks(filters: TaskFilter) -> QuerySet[Task]:
+    """Tasks matching ``filters``; the payload field by JSON containment, which the GIN
+    index on ``payload`` serves on PostgreSQL."""
+    queryset = Task.objects.all()
+    if filters.status:
+        queryset = queryset.filter(status=filters.status)
+    if filters.workflow:
+        queryset = queryset.filter(workflow=filters.workflow)
+    if filters.queue:
+        queryset = queryset.filter(queue=filters.queue)
+    if filters.key:
+        queryset = queryset.filter(idempotency_key=filters.key)
+    if filters.payload is not None:
+        queryset = queryset.filter(_payload_matches(*filters.payload))
+    if filters.since is not None:
+        queryset = queryset.filter(created_at__gte=filters.since)
+    if filters.until is not None:
+        queryset = queryset.filter(created_at__lt=filters.until)
+    return queryset
+
+
+def _payload_matches(path: str, value: Any) -> Q:
+    parts = path.split(".")
+    if connection.vendor == "postgresql":
+        nested: Any = value
+        for part in reversed(parts):
+            nested = {part: nested}
+        return Q(payload__contains=nested)
+    # SQLite has no JSON containment: the same path compared by key.
+    return Q(**{"payload__" + "__".join(parts): value})
+
+
+def task_page(filters: TaskFilter, *, after: int | None) -> Page[Task]:
+    return keyset_page(tasks(filters), after=after)
+
+
+def workflow_names() -> list[str]:
+    return registry.names()
+
+
+# --- one task ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepRow:
+    step: Step
+    leases: list[Lease]
+    # The lease held now (a running step), if any.
+    current_lease: Lease | None
+
+
+@dataclass(frozen=True)
+class TaskDetail:
+    task: Task
+    steps: list[StepRow]
+    events: list[Event]
+    now: datetime
+    # The first dead step (the one redrive and resolve act on), if any.
+    dead_step: Step | None = None
+    approval_positions: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def outcome_unknown(self) -> bool:
+        return self.dead_step is not None and self.dead_step.error_class.endswith("OutcomeUnknown")
+
+    @property
+    def dead_step_is_approval(self) -> bool:
+        return self.dead_step is not None and self.dead_step.position in self.approval_positions
+
+
+@dataclass(frozen=True)
+class TaskActions:
+    """What a viewer may do to a task now: its state allows it and they hold the
+    permission (the services check both again on every POST)."""
+
+    redrive: bool
+    resolve: bool
+    cancel: bool
+
+    @property
+    def any(self) -> bool:
+        return self.redrive or self.resolve or self.cancel
+
+
+def task_actions(detail: TaskDetail, user: Any) -> TaskActions:
+    task = detail.task
+    dead = task.status == TaskStatus.DEAD
+    return TaskActions(
+        redrive=dead and user.has_perm("tasks_app.redrive_task"),
+        # Resolving by hand is for a step nobody knows the outcome of; an approval step is
+        # never resolved as done (only a decision lets a task past it).
+        resolve=dead
+        and detail.outcome_unknown
+        and not detail.dead_step_is_approval
+        and user.has_perm("tasks_app.resolve_task"),
+        cancel=task.status not in TERMINAL_TASK_STATUSES
+        and task.cancel_requested_at is None
+        and user.has_perm("tasks_app.cancel_task"),
+    )
+
+
+def task_detail(task: Task) -> TaskDetail:
+    steps = list(task.steps.order_by("position", "revision"))
+    leases: dict[int, list[Lease]] = {}
+    for lease in Lease.objects.filter(step__task=task).order_by("step_id", "token"):
+        leases.setdefault(lease.step_id, []).append(lease)
+    rows = []
+    for step in steps:
+        held = [lease for lease in leases.get(step.pk, []) if lease.released_at is None]
+        current = held[-1] if held and step.status == StepStatus.RUNNING else None
+        rows.append(StepRow(step, leases.get(step.pk, []), current))
+    dead = next((step for step in steps if step.status == StepStatus.DEAD), None)
+    return TaskDetail(
+        task=task,
+        steps=rows,
+        events=list(Event.objects.for_task(task.pk)),
+        now=db_now(),
+        dead_step=dead,
+        approval_positions=frozenset(
+            step.position for step in steps if is_approval(task, step.position)
+        ),
+    )
+
+
+# --- dead letters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    workflow: str = ""
+    queue: str = ""
+    error_class: str = ""
+
+
+def dead_tasks(filters: DeadFilter) -> QuerySet[Task]:
+    """Dead tasks matching ``filters`` (the bulk actions act on these)."""
+    queryset = Task.objects.dead()
+    if filters.workflow:
+        queryset = queryset.filter(workflow=filters.workflow)
+    if filters.queue:
+        queryset = queryset.filter(queue=filters.queue)
+    if filters.error_class:
+        queryset = queryset.filter(
+            Exists(
+                Step.objects.filter(
+                    task=OuterRef("pk"), status=StepStatus.DEAD, error_class=filters.error_class
+                )
+            )
+        )
+    return queryset
+
+
+def dead_letter_page(filters: DeadFilter, *, after: int | None) -> Page[Step]:
+    """The dead steps of matching tasks, newest task first, with their task."""
+    steps = Step.objects.filter(
+        status=StepStatus.DEAD, task__in=dead_tasks(filters).values("pk")
+    ).select_related("task")
+    if filters.error_class:
+        steps = steps.filter(error_class=filters.error_class)
+    return keyset_page(steps, after=after, key="task")
+
+
+def dead_error_classes() -> list[str]:
+    """The error classes of today's dead letters, for the filter's choices."""
+    return list(
+        Step.objects.filter(status=StepStatus.DEAD, task__status=TaskStatus.DEAD)
+        .values_list("error_class", flat=True)
+        .distinct()
+        .order_by("error_class")
+    )
+
+
+# --- the audit log ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    actor: str = ""
+    kind: str = ""
+    workflow: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def audit_events(filters: AuditFilter) -> QuerySet[Event]:
+    queryset = Event.objects.all()
+    if filters.actor:
+        queryset = queryset.filter(actor=filters.actor)
+    if filters.kind:
+        queryset = queryset.filter(kind=filters.kind)
+    if filters.workflow:
+        queryset = queryset.filter(
+            task_id__in=Task.objects.filter(workflow=filters.workflow).values("pk")
+        )
+    if filters.since is not None:
+        queryset = queryset.filter(created_at__gte=filters.since)
+    if filters.until is not None:
+        queryset = queryset.filter(created_at__lt=filters.until)
+    return queryset
+
+
+def audit_page(filters: AuditFilter, *, after: int | None) -> Page[Event]:
+    return keyset_page(audit_events(filters), after=after)
+
+
+def task_workflows(task_ids: Mapping[int, Any] | list[int]) -> dict[int, str]:
+    """Workflow names of the given tasks (for audit rows, whose task may be pruned)."""
+    return dict(Task.objects.filter(pk__in=list(task_ids)).values_list("pk", "workflow"))

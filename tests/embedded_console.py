@@ -1,0 +1,82 @@
+"""The console's permission tables checked on the embedded default (SQLite), run as a
+script in a subprocess by tests/test_e2e_embedded.py: ``python -m tests.embedded_console``.
+
+Each page and action is tried for each role inside a transaction rolled back afterwards,
+so every case starts from the same world. Prints one JSON line per case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django.setup()
+
+from django.db import connection, transaction  # noqa: E402
+
+from tests.approval_support import advance, article, pending_request  # noqa: E402
+from tests.conftest import _user  # noqa: E402
+from tests.console_support import dead_task, login  # noqa: E402
+from tests.test_console_permissions import (  # noqa: E402
+    ACTION_CASES,
+    PAGE_CASES,
+    _action,
+    _page_url,
+    snapshot,
+)
+
+
+class Rollback(Exception):
+    pass
+
+
+def main() -> None:
+    assert connection.vendor == "sqlite", connection.vendor
+    users = {
+        "editor": _user("edith-editor", "editors"),
+        "oncall": _user("olivia-oncall", "oncall"),
+        "auditor": _user("aaron-auditor", "auditors"),
+        "admin": _user("sam-super", superuser=True),
+        "outsider": _user("otto-outsider"),
+    }
+    author = _user("ava-author", "editors")
+    world: dict[str, Any] = {
+        "dead": dead_task(),
+        "review": pending_request(advance(article(actor=author))),
+    }
+    for page, role, _ in PAGE_CASES:
+        status = login(users[role]).get(_page_url(page, world)).status_code
+        print(json.dumps(["page", page, role, str(status)]))
+    for action, role, _ in ACTION_CASES:
+        print(json.dumps(["action", action, role, try_action(action, users[role], world)]))
+
+
+def try_action(action: str, user: Any, world: dict[str, Any]) -> str:
+    from tasks_app.models import QueueState
+
+    outcome = "?"
+    try:
+        with transaction.atomic():
+            if action == "resume":
+                QueueState.objects.create(name="default", paused=True, changed_by="x", reason="x")
+            before = snapshot()
+            url, data = _action(action, world)
+            response = login(user).post(url, data)
+            if response.status_code == 302 and snapshot() != before:
+                outcome = "done"
+            elif response.status_code == 403 and snapshot() == before:
+                outcome = "403"
+            else:
+                outcome = f"unexpected {response.status_code}"
+            raise Rollback
+    except Rollback:
+        pass
+    return outcome
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,626 @@
+"""The console's pages: what they show, their filters and pages, partials for htmx, the
+security headers, and every value from a payload, a draft or an error shown inert."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.db.models import F
+from django.http.response import HttpResponseBase
+from django.test import Client
+from django.utils import timezone
+
+from approvals import services as approvals
+from console.forms import ThrottledLoginForm
+from tasks_app import runner, services
+from tasks_app.models import Event, Step, StepStatus, Task, TaskStatus
+
+from .approval_support import advance, article, pending_request
+from .console_support import HTMX, dead_task, login
+
+pytestmark = pytest.mark.django_db
+
+HOSTILE = '<script>alert(1)</script><img src=x onerror=alert(2) hx-get="/evil" hx-on:click="x()">'
+HOSTILE_URL = "javascript:alert(3)"
+
+
+def body(response: HttpResponseBase) -> str:
+    return response.content.decode()  # type: ignore[attr-defined]
+
+
+# --- htmx partials and full pages -------------------------------------------------------------
+
+PARTIALS = {
+    "/": 'id="overview"',
+    "/tasks/": 'id="results"',
+    "/dead/": 'id="results"',
+    "/approvals/": 'id="results"',
+    "/queues/": 'id="queues"',
+    "/audit/": 'id="results"',
+}
+
+
+@pytest.mark.parametrize(("url", "region"), PARTIALS.items())
+def test_htmx_requests_get_the_region_and_plain_ones_the_whole_page(
+    url: str, region: str, superuser: User
+) -> None:
+    client = login(superuser)
+    full, partial = client.get(url), client.get(url, headers=HTMX)
+    assert full.status_code == partial.status_code == 200
+    assert "<html" in body(full) and region in body(full)
+    assert "<html" not in body(partial) and region in body(partial)
+    assert body(partial).lstrip().startswith("<section")
+
+
+def test_a_task_page_answers_htmx_with_its_task_region(superuser: User) -> None:
+    task = dead_task()
+    partial = login(superuser).get(f"/tasks/{task.pk}/", headers=HTMX)
+    assert "<html" not in body(partial)
+    assert body(partial).lstrip().startswith('<div id="task"')
+
+
+def test_every_page_sends_a_strict_content_security_policy_with_a_nonce(superuser: User) -> None:
+    response = login(superuser).get("/")
+    policy = response["Content-Security-Policy"]
+    assert "script-src 'self' 'nonce-" in policy
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    nonce = re.search(r"'nonce-([^']+)'", policy)
+    assert nonce is not None
+    # Every script tag carries this response's nonce.
+    scripts = re.findall(r"<script[^>]*>", body(response))
+    assert scripts and all(f'nonce="{nonce.group(1)}"' in tag for tag in scripts)
+    assert "style=" not in body(response)
+
+
+def test_htmx_sends_the_csrf_token_from_the_body_and_is_served_locally(superuser: User) -> None:
+    page = body(login(superuser).get("/"))
+    assert re.search(r"""<body hx-headers='\{"X-CSRFToken": "[A-Za-z0-9]{32,}"\}'>""", page)
+    assert "/static/django_htmx/htmx-2" in page and "https://" not in page
+
+
+# --- escaping --------------------------------------------------------------------------------
+
+
+def test_hostile_payloads_errors_and_keys_are_shown_as_text(superuser: User) -> None:
+    task = dead_task(
+        {"error": "permanent", "fail_first": 1, "note": HOSTILE, "link": HOSTILE_URL},
+        key="hostile:<b>key</b>",
+    )
+    Step.objects.filter(task=task).update(last_error=HOSTILE, error_class=HOSTILE)
+    client = login(superuser)
+    for url in (f"/tasks/{task.pk}/", "/dead/", "/tasks/", "/audit/"):
+        page = body(client.get(url))
+        assert "<script>alert(1)" not in page, url
+        assert 'hx-get="/evil"' not in page and "onerror=alert" not in page.replace(
+            "onerror=alert(2)", ""
+        ).replace("&lt;img src=x onerror=alert(2)", ""), url
+        assert 'href="javascript:' not in page, url
+    detail = body(client.get(f"/tasks/{task.pk}/"))
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in detail
+    assert "hostile:&lt;b&gt;key&lt;/b&gt;" in detail
+
+
+def test_a_hostile_draft_is_shown_as_text_on_its_review(editor: User, author: User) -> None:
+    task = services.enqueue(
+        "publish_article",
+        {"article_id": "a-1", "title": HOSTILE, "brief": HOSTILE_URL},
+        actor=author,
+    ).task
+    request = pending_request(advance(task))
+    page = body(login(editor).get(f"/approvals/{request.pk}/"))
+    assert "<script>alert(1)" not in page and 'hx-get="/evil"' not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert 'href="javascript:' not in page
+
+
+def test_secret_keys_are_redacted_at_any_depth(superuser: User) -> None:
+    task = dead_task(
+        {
+            "error": "permanent",
+            "fail_first": 1,
+            "password": "hunter2",
+            "nested": {"API-Key": "k-123", "list": [{"Authorization": "Bearer abc"}]},
+        }
+    )
+    page = body(login(superuser).get(f"/tasks/{task.pk}/"))
+    for secret in ("hunter2", "k-123", "Bearer abc"):
+        assert secret not in page
+    assert page.count("•••redacted•••") >= 3
+
+
+# --- the overview ---------------------------------------------------------------------------
+
+
+def _stat(page: str, name: str) -> int:
+    found = re.search(rf'data-stat="{name}">(\d+)<', page)
+    assert found, name
+    return int(found.group(1))
+
+
+def test_the_overview_counts_work_by_state_and_recent_successes(superuser: User) -> None:
+    services.enqueue("demo.noop", {"n": 1})
+    services.enqueue("demo.noop", {"n": 2})
+    dead_task()
+    retrying = services.enqueue("demo.flaky", {"fail_first": 1}).task
+    runner.run_task_steps(retrying)  # fails once, retry scheduled in the future
+    Step.objects.filter(task=retrying).update(available_at=timezone.now() + timedelta(hours=1))
+    done = services.enqueue("demo.noop", {"n": 3}).task
+    old = services.enqueue("demo.noop", {"n": 4}).task
+    runner.run_task_steps(done)
+    runner.run_task_steps(old)
+    Task.objects.filter(pk=old.pk).update(finished_at=F("finished_at") - timedelta(hours=3))
+
+    page = body(login(superuser).get("/"))
+
+    assert _stat(page, "pending") == 2
+    assert _stat(page, "retry_scheduled") == 1
+    assert _stat(page, "dead") == 1
+    assert _stat(page, "waiting_approval") == 0
+    assert _stat(page, "succeeded_last_hour") == 1
+    assert _stat(page, "succeeded_last_day") == 2
+    assert "Tasks succeeded per minute, last hour: 1 in all" in page
+
+
+def test_the_overview_lists_paused_queues_with_who_and_why(superuser: User) -> None:
+    services.pause_queue("default", actor=superuser, reason="database failover")
+    page = body(login(superuser).get("/"))
+    assert "database failover" in page and superuser.username in page
+
+
+# --- the task list --------------------------------------------------------------------------
+
+
+def test_the_task_list_filters_by_status_workflow_key_and_payload_field(superuser: User) -> None:
+    keep = services.enqueue("demo.noop", {"customer": {"id": 42}}, idempotency_key="k-1").task
+    other = services.enqueue("demo.noop", {"customer": {"id": 7}}, idempotency_key="k-2").task
+    dead = dead_task()
+    client = login(superuser)
+
+    def ids(query: str) -> set[int]:
+        page = body(client.get("/tasks/?" + query))
+        return {int(pk) for pk in re.findall(r'href="/tasks/(\d+)/"', page)}
+
+    assert ids("status=dead") == {dead.pk}
+    assert ids("workflow=demo.flaky") == {dead.pk}
+    assert ids("key=k-2") == {other.pk}
+    assert ids("payload=customer.id%3D42") == {keep.pk}
+    assert ids("payload=customer.id%3D%2242%22") == set()  # the text "42" is not 42
+    assert ids("payload=error%3Dpermanent") == {dead.pk}
+
+
+def test_the_task_list_filters_by_time_and_explains_a_bad_value(superuser: User) -> None:
+    old = services.enqueue("demo.noop", {"n": 1}).task
+    new = services.enqueue("demo.noop", {"n": 2}).task
+    Task.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=2))
+    client = login(superuser)
+    since = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%d %H:%M")
+    page = body(client.get("/tasks/", {"since": since}))
+    assert f'href="/tasks/{new.pk}/"' in page and f'href="/tasks/{old.pk}/"' not in page
+    bad = body(client.get("/tasks/", {"since": "yesterday-ish"}))
+    assert "Enter a valid date/time" in bad
+
+
+def test_the_task_list_pages_by_keyset_without_repeating_rows(
+    superuser: User, settings: object
+) -> None:
+    settings.CONSOLE_PAGE_SIZE = 2  # type: ignore[attr-defined]
+    tasks = [services.enqueue("demo.noop", {"n": i}).task for i in range(5)]
+    client = login(superuser)
+    seen: list[int] = []
+    url = "/tasks/"
+    while url:
+        page = body(client.get(url))
+        seen += [int(pk) for pk in re.findall(r'<th scope="row"><a href="/tasks/(\d+)/"', page)]
+        older = re.search(r'href="(\?after=\d+)" hx-get', page)
+        url = "/tasks/" + older.group(1) if older else ""
+    assert seen == sorted((task.pk for task in tasks), reverse=True)
+
+
+# --- task detail ----------------------------------------------------------------------------
+
+
+def test_a_task_page_shows_steps_leases_lanes_and_the_timeline(oncall: User) -> None:
+    task = dead_task()
+    page = body(login(oncall).get(f"/tasks/{task.pk}/"))
+    assert "tasks_app.exceptions.PermanentError" in page
+    assert 'class="seg seg-failed"' in page  # the attempt drawn in its lane
+    for kind in ("enqueued", "claimed", "dead lettered"):
+        assert f"<strong>{kind}</strong>" in page
+    # On-call sees the actions a dead letter allows.
+    assert ">Redrive</button>" in page and ">Redrive with changes</button>" in page
+    assert ">Cancel task</button>" in page
+    assert ">Mark done</button>" not in page  # only for an unknown outcome
+
+
+def test_an_unknown_outcome_offers_mark_done_and_run_again(oncall: User, auditor: User) -> None:
+    task = dead_task({"error": "outcome_unknown", "fail_first": 1})
+    page = body(login(oncall).get(f"/tasks/{task.pk}/"))
+    assert ">Mark done</button>" in page and ">Run again</button>" in page
+    # Someone without the permissions sees the task and no action.
+    assert '<form method="post" action="/tasks/' not in body(
+        login(auditor).get(f"/tasks/{task.pk}/")
+    )
+
+
+def test_mark_done_resolves_the_step_with_the_reason(oncall: User) -> None:
+    task = dead_task({"error": "outcome_unknown", "fail_first": 1})
+    response = login(oncall).post(
+        f"/tasks/{task.pk}/resolve/", {"reason": "the mail went out", "outcome": "done"}
+    )
+    assert response.status_code == 302
+    task.refresh_from_db()
+    assert task.status == TaskStatus.SUCCEEDED
+    event = task_events(task)[-1]
+    assert (event.kind, event.actor, event.reason) == (
+        "resolved",
+        oncall.username,
+        "the mail went out",
+    )
+
+
+def task_events(task: Task) -> list[Event]:
+    return list(Event.objects.for_task(task.pk))
+
+
+def test_an_action_without_a_reason_is_refused_on_its_field(oncall: User) -> None:
+    task = dead_task()
+    response = login(oncall).post(f"/tasks/{task.pk}/redrive/", {"reason": "  "}, headers=HTMX)
+    assert response.status_code == 400
+    assert "reason: " in body(response) and 'class="field invalid"' in body(response)
+    task.refresh_from_db()
+    assert task.status == TaskStatus.DEAD
+
+
+def test_redrive_with_changes_checks_the_payload_by_the_input_rules(oncall: User) -> None:
+    task = dead_task()
+    client = login(oncall)
+    for bad, message in (
+        ("[1]", "payload: must be a JSON object"),
+        ("{not json", "payload: not valid JSON"),
+        ('{"error": "permanent", "sleep": NaN}', "payload"),
+        ('{"a": "\\u0000"}', "payload: $.a contains \\u0000"),
+    ):
+        response = client.post(
+            f"/tasks/{task.pk}/redrive/", {"reason": "try", "payload": bad}, headers=HTMX
+        )
+        assert response.status_code == 400, bad
+        assert message in body(response), bad
+    task.refresh_from_db()
+    assert task.status == TaskStatus.DEAD
+    assert task.payload == {"error": "permanent", "fail_first": 1}
+
+
+def test_redrive_with_changes_keeps_the_secrets_the_editor_never_saw(oncall: User) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 1, "token": "t-secret"})
+    edited = '{"error": "permanent", "fail_first": 0, "token": "•••redacted•••"}'
+    response = login(oncall).post(
+        f"/tasks/{task.pk}/redrive/", {"reason": "input fixed", "payload": edited}
+    )
+    assert response.status_code == 302
+    task.refresh_from_db()
+    assert task.payload == {"error": "permanent", "fail_first": 0, "token": "t-secret"}
+
+
+def test_an_action_that_no_longer_applies_answers_409_with_the_reason(oncall: User) -> None:
+    task = services.enqueue("demo.noop", {}).task
+    response = login(oncall).post(f"/tasks/{task.pk}/redrive/", {"reason": "x"}, headers=HTMX)
+    assert response.status_code == 409
+    assert "no dead step to redrive" in body(response)
+
+
+def test_a_plain_post_redirects_to_the_task_with_a_message(oncall: User) -> None:
+    task = dead_task()
+    client = login(oncall)
+    response = client.post(f"/tasks/{task.pk}/cancel/", {"reason": "not needed"}, follow=True)
+    assert response.redirect_chain == [(f"/tasks/{task.pk}/", 302)]
+    assert f"Task #{task.pk}: cancel requested." in body(response)
+
+
+# --- CSRF -----------------------------------------------------------------------------------
+
+
+def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(oncall: User) -> None:
+    task = dead_task()
+    client = login(oncall, enforce_csrf_checks=True)
+    response = client.post(f"/tasks/{task.pk}/cancel/", {"reason": "x"})
+    assert response.status_code == 403
+    task.refresh_from_db()
+    assert task.status == TaskStatus.DEAD
+
+    page = body(client.get(f"/tasks/{task.pk}/"))
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token is not None
+    response = client.post(
+        f"/tasks/{task.pk}/cancel/", {"reason": "x", "csrfmiddlewaretoken": token.group(1)}
+    )
+    assert response.status_code == 302
+    task.refresh_from_db()
+    assert task.status == TaskStatus.CANCELLED
+
+
+def test_htmx_posts_carry_the_token_in_a_header(oncall: User) -> None:
+    task = dead_task()
+    client = login(oncall, enforce_csrf_checks=True)
+    client.get(f"/tasks/{task.pk}/")
+    response = client.post(
+        f"/tasks/{task.pk}/cancel/",
+        {"reason": "x"},
+        headers={**HTMX, "X-CSRFToken": client.cookies["csrftoken"].value},
+    )
+    assert response.status_code == 200
+    assert "cancel requested" in body(response)
+
+
+# --- dead letters and bulk actions ------------------------------------------------------------
+
+
+def test_dead_letters_show_class_message_attempts_and_filter_by_error_class(oncall: User) -> None:
+    permanent = dead_task()
+    unknown = dead_task({"error": "outcome_unknown", "fail_first": 1})
+    client = login(oncall)
+    page = body(client.get("/dead/"))
+    assert "tasks_app.exceptions.PermanentError" in page
+    assert "tasks_app.exceptions.OutcomeUnknown" in page
+    assert "1 / 3" in page
+    only = body(client.get("/dead/", {"error_class": "tasks_app.exceptions.OutcomeUnknown"}))
+    assert f'href="/tasks/{unknown.pk}/"' in only
+    assert f'href="/tasks/{permanent.pk}/"' not in only
+
+
+def _bulk(client: Client, **fields: str) -> HttpResponseBase:
+    data = {"action": "redrive", "reason": "remote fixed", **fields}
+    return client.post("/dead/bulk/", data, headers=HTMX)
+
+
+def test_a_bulk_action_without_confirm_previews_the_count_and_changes_nothing(
+    oncall: User,
+) -> None:
+    for _ in range(3):
+        dead_task()
+    dead_task({"error": "outcome_unknown", "fail_first": 1})
+    client = login(oncall)
+    response = _bulk(client, error_class="tasks_app.exceptions.PermanentError")
+    assert response.status_code == 200
+    assert "<strong>3</strong> dead tasks match" in body(response)
+    assert Task.objects.filter(status=TaskStatus.DEAD).count() == 4
+    assert not task_events_of_kind("redriven")
+
+
+def task_events_of_kind(kind: str) -> list[Event]:
+    return list(Event.objects.filter(kind=kind))
+
+
+def test_a_confirmed_bulk_action_changes_up_to_the_limit_with_one_event_each(
+    oncall: User,
+) -> None:
+    tasks = [dead_task() for _ in range(3)]
+    response = _bulk(login(oncall), confirm="1", limit="2")
+    assert response.status_code == 200
+    assert "2 tasks changed" in body(response)
+    assert "More tasks matched than the limit" in body(response)
+    redriven = task_events_of_kind("redriven")
+    assert sorted(event.task_id or 0 for event in redriven) == [tasks[0].pk, tasks[1].pk]
+    assert {(event.actor, event.reason) for event in redriven} == {
+        (oncall.username, "remote fixed")
+    }
+    assert Step.objects.get(task=tasks[2]).status == StepStatus.DEAD
+    assert json.loads(response["HX-Trigger"]) == {"deadChanged": {}}
+
+
+def test_a_bulk_action_needs_a_reason_and_a_limit_within_the_setting(
+    oncall: User, settings: object
+) -> None:
+    settings.CONSOLE_BULK_LIMIT = 5  # type: ignore[attr-defined]
+    dead_task()
+    client = login(oncall)
+    no_reason = _bulk(client, confirm="1", reason="")
+    assert no_reason.status_code == 400 and "reason: " in body(no_reason)
+    too_many = _bulk(client, confirm="1", limit="6")
+    assert too_many.status_code == 400 and "limit: at most 5 tasks" in body(too_many)
+    assert not task_events_of_kind("redriven")
+
+
+def test_bulk_actions_each_apply_their_service(oncall: User) -> None:
+    unknown = [dead_task({"error": "outcome_unknown", "fail_first": 1}) for _ in range(2)]
+    client = login(oncall)
+    _bulk(client, action="resolve_done", confirm="1", reason="checked: sent")
+    assert {t.status for t in Task.objects.filter(pk__in=[t.pk for t in unknown])} == {
+        TaskStatus.SUCCEEDED
+    }
+    cancel = dead_task()
+    _bulk(client, action="cancel", confirm="1", reason="obsolete")
+    cancel.refresh_from_db()
+    assert cancel.status == TaskStatus.CANCELLED
+
+
+def test_a_plain_bulk_post_redirects_to_the_filtered_list_with_a_summary(oncall: User) -> None:
+    dead_task()
+    response = login(oncall).post(
+        "/dead/bulk/",
+        {"action": "cancel", "reason": "x", "confirm": "1", "workflow": "demo.flaky"},
+        follow=True,
+    )
+    assert response.redirect_chain == [("/dead/?workflow=demo.flaky", 302)]
+    assert "cancel: 1 task(s) changed." in body(response)
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+
+def test_the_approvals_list_shows_what_the_viewer_may_decide_oldest_first(
+    editor: User, author: User
+) -> None:
+    first = pending_request(advance(article(actor=author, key="publish:a:1")))
+    second = pending_request(advance(article(actor=author, key="publish:a:2")))
+    page = body(login(editor).get("/approvals/"))
+    assert page.index(f"Review #{first.pk}") < page.index(f"Review #{second.pk}")
+    # The author may not decide their own tasks: nothing waits for them.
+    assert "Nothing is waiting for you." in body(login(author).get("/approvals/"))
+
+
+def test_a_decision_with_a_stale_draft_hash_is_refused_and_says_so(
+    editor: User, author: User
+) -> None:
+    request = pending_request(advance(article(actor=author)))
+    response = login(editor).post(
+        f"/approvals/{request.pk}/decide/",
+        {"decision": "approve", "comment": "", "draft_hash": "0" * 64},
+        headers=HTMX,
+    )
+    assert response.status_code == 409
+    assert "is not the draft under review" in body(response)
+    request.refresh_from_db()
+    assert request.status == "pending"
+
+
+def test_reject_needs_a_comment(editor: User, author: User) -> None:
+    request = pending_request(advance(article(actor=author)))
+    response = login(editor).post(
+        f"/approvals/{request.pk}/decide/",
+        {"decision": "reject", "comment": "", "draft_hash": request.draft_hash},
+        headers=HTMX,
+    )
+    assert response.status_code == 400
+    assert "comment: " in body(response)
+
+
+def test_the_review_shows_the_new_revision_with_its_word_diff_and_earlier_comments(
+    editor: User, author: User
+) -> None:
+    task = advance(article(actor=author))
+    first = pending_request(task)
+    response = login(editor).post(
+        f"/approvals/{first.pk}/decide/",
+        {
+            "decision": "request_changes",
+            "comment": "mention the date",
+            "draft_hash": first.draft_hash,
+        },
+    )
+    assert response.status_code == 302
+    second = pending_request(advance(task))
+    assert second.revision == 1
+    page = body(login(editor).get(f"/approvals/{second.pk}/"))
+    assert "What changed since revision 0" in page
+    assert re.search(r"<ins>[^<]*mention the date[^<]*</ins>", page)
+    assert "Revision 0: changes requested" in page and "mention the date" in page
+    assert "Publishes article article-001" in page  # what an approval lets happen
+    assert "next step: publish" in page
+
+
+def test_approving_in_the_browser_form_lets_the_task_go_on(editor: User, author: User) -> None:
+    task = advance(article(actor=author))
+    request = pending_request(task)
+    response = login(editor).post(
+        f"/approvals/{request.pk}/decide/",
+        {"decision": "approve", "comment": "", "draft_hash": request.draft_hash},
+        headers=HTMX,
+    )
+    assert response.status_code == 200
+    assert f"Approval #{request.pk} approved." in body(response)
+    request.refresh_from_db()
+    assert (request.status, request.decided_by) == ("approved", editor.username)
+
+
+def test_a_decided_request_shows_who_decided_instead_of_the_form(
+    editor: User, other_editor: User, author: User
+) -> None:
+    request = pending_request(advance(article(actor=author)))
+    approvals.approve(request, actor=other_editor, draft_hash=request.draft_hash)
+    page = body(login(editor).get(f"/approvals/{request.pk}/"))
+    assert f"by {other_editor.username}" in page
+    assert ">Approve</button>" not in page
+
+
+# --- queues ---------------------------------------------------------------------------------
+
+
+def test_queues_show_depth_and_pause_and_resume_with_a_reason(oncall: User) -> None:
+    services.enqueue("demo.noop", {})
+    client = login(oncall)
+    page = body(client.get("/queues/"))
+    assert re.search(r"<th scope=\"row\"><a [^>]+>default</a></th>\s*<td>.*running", page)
+    response = client.post("/queues/default/pause/", {"reason": "failover"}, headers=HTMX)
+    assert response.status_code == 200 and "paused" in body(response)
+    assert "failover" in body(response)
+    assert ">Resume</button>" in body(response)
+    unknown = client.post("/queues/nope/pause/", {"reason": "x"}, headers=HTMX)
+    assert unknown.status_code == 400 and "Queue nope" in body(unknown)
+
+
+# --- the audit log --------------------------------------------------------------------------
+
+
+def test_the_audit_log_filters_and_exports_the_same_rows_as_csv(
+    auditor: User, oncall: User
+) -> None:
+    task = dead_task()
+    services.redrive(task, actor=oncall, reason="remote fixed")
+    services.pause_queue("default", actor=oncall, reason="incident 7")
+    client = login(auditor)
+    page = body(client.get("/audit/", {"actor": oncall.username}))
+    assert "remote fixed" in page and "incident 7" in page
+    assert "cli:producer" not in page
+    only_pauses = body(client.get("/audit/", {"kind": "queue_paused"}))
+    assert "incident 7" in only_pauses and "remote fixed" not in only_pauses
+
+    export = client.get("/audit/export.csv", {"actor": oncall.username})
+    assert export["Content-Type"].startswith("text/csv")
+    content = b"".join(export.streaming_content)  # type: ignore[attr-defined]
+    rows = list(csv.reader(io.StringIO(content.decode())))
+    assert rows[0][:4] == ["id", "created_at", "kind", "actor"]
+    assert [row[2] for row in rows[1:]] == ["queue_paused", "redriven"]
+    assert all(row[3] == oncall.username for row in rows[1:])
+
+
+def test_the_audit_log_filters_by_workflow(auditor: User) -> None:
+    dead = dead_task()
+    services.enqueue("demo.noop", {})
+    page = body(login(auditor).get("/audit/", {"workflow": "demo.flaky"}))
+    assert f'href="/tasks/{dead.pk}/"' in page
+    assert "demo.noop" not in page.split('id="results"')[1]
+
+
+# --- login ----------------------------------------------------------------------------------
+
+
+def forget_failed_logins(user: User) -> None:
+    # Only these keys: clearing the whole cache would empty the Redis database it shares.
+    cache.delete_many(ThrottledLoginForm.counter_keys(user.username, "127.0.0.1"))
+
+
+def test_failed_logins_are_throttled_per_username(oncall: User, settings: object) -> None:
+    settings.CONSOLE_LOGIN_ATTEMPTS = 3  # type: ignore[attr-defined]
+    forget_failed_logins(oncall)
+    client = Client()
+    for _ in range(3):
+        response = client.post(
+            "/accounts/login/", {"username": oncall.username, "password": "wrong"}
+        )
+        assert response.status_code == 200
+    right = client.post(
+        "/accounts/login/", {"username": oncall.username, "password": "pw-" + oncall.username}
+    )
+    assert right.status_code == 200
+    assert "Too many failed logins" in body(right)
+    assert "_auth_user_id" not in client.session
+    forget_failed_logins(oncall)
+
+
+def test_the_login_page_logs_in_and_goes_to_the_overview(oncall: User) -> None:
+    forget_failed_logins(oncall)
+    client = Client()
+    response = client.post(
+        "/accounts/login/",
+        {"username": oncall.username, "password": "pw-" + oncall.username},
+        follow=True,
+    )
+    assert response.redirect_chain[-1] == ("/", 302)
+    assert 'data-stat="pending"' in body(response)
