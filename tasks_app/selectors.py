@@ -247,21 +247,32 @@ class TaskFilter:
 def tasks(filters: TaskFilter) -> QuerySet[Task]:
     """Tasks matching ``filters``; the payload field by JSON containment, which the GIN
     index on ``payload`` serves on PostgreSQL."""
-    queryset = Task.objects.all()
-    if filters.status:
-        queryset = queryset.filter(status=filters.status)
-    if filters.workflow:
-        queryset = queryset.filter(workflow=filters.workflow)
-    if filters.queue:
-        queryset = queryset.filter(queue=filters.queue)
-    if filters.key:
-        queryset = queryset.filter(idempotency_key=filters.key)
+    queryset = _matching(
+        Task.objects.all(),
+        status=filters.status,
+        workflow=filters.workflow,
+        queue=filters.queue,
+        idempotency_key=filters.key,
+    )
     if filters.payload is not None:
         queryset = queryset.filter(_payload_matches(*filters.payload))
-    if filters.since is not None:
-        queryset = queryset.filter(created_at__gte=filters.since)
-    if filters.until is not None:
-        queryset = queryset.filter(created_at__lt=filters.until)
+    return _in_window(queryset, filters.since, filters.until)
+
+
+def _matching[M: Task | Event](queryset: QuerySet[M], **equal: str) -> QuerySet[M]:
+    """``queryset`` narrowed by each lookup given a value (an empty filter field is no
+    filter)."""
+    return queryset.filter(**{lookup: value for lookup, value in equal.items() if value})
+
+
+def _in_window[M: Task | Event](
+    queryset: QuerySet[M], since: datetime | None, until: datetime | None
+) -> QuerySet[M]:
+    """Rows created at or after ``since`` and before ``until``."""
+    if since is not None:
+        queryset = queryset.filter(created_at__gte=since)
+    if until is not None:
+        queryset = queryset.filter(created_at__lt=until)
     return queryset
 
 
@@ -380,11 +391,7 @@ class DeadFilter:
 
 def dead_tasks(filters: DeadFilter) -> QuerySet[Task]:
     """Dead tasks matching ``filters`` (the bulk actions act on these)."""
-    queryset = Task.objects.dead()
-    if filters.workflow:
-        queryset = queryset.filter(workflow=filters.workflow)
-    if filters.queue:
-        queryset = queryset.filter(queue=filters.queue)
+    queryset = _matching(Task.objects.dead(), workflow=filters.workflow, queue=filters.queue)
     if filters.error_class:
         queryset = queryset.filter(
             Exists(
@@ -429,20 +436,12 @@ class AuditFilter:
 
 
 def audit_events(filters: AuditFilter) -> QuerySet[Event]:
-    queryset = Event.objects.all()
-    if filters.actor:
-        queryset = queryset.filter(actor=filters.actor)
-    if filters.kind:
-        queryset = queryset.filter(kind=filters.kind)
+    queryset = _matching(Event.objects.all(), actor=filters.actor, kind=filters.kind)
     if filters.workflow:
         queryset = queryset.filter(
             task_id__in=Task.objects.filter(workflow=filters.workflow).values("pk")
         )
-    if filters.since is not None:
-        queryset = queryset.filter(created_at__gte=filters.since)
-    if filters.until is not None:
-        queryset = queryset.filter(created_at__lt=filters.until)
-    return queryset
+    return _in_window(queryset, filters.since, filters.until)
 
 
 def audit_page(filters: AuditFilter, *, after: int | None) -> Page[Event]:
