@@ -38,9 +38,10 @@ demo: migrate
 
 run: demo
 	@echo ""
-	@echo "  Console: http://$(HOST):$(PORT)/  (log in with a demo user printed above)"
+	@echo "  Console: http://$(HOST):$(PORT)/  (the users process prints the demo users and"
+	@echo "  their passwords once it answers; again any time: $(PY) manage.py demo_users)"
 	@echo ""
-	PORT=$(PORT) HOST=$(HOST) $(VENV)/bin/honcho -f Procfile.dev start
+	PORT=$(PORT) WEB_PORT=$(PORT) HOST=$(HOST) $(VENV)/bin/honcho -f Procfile.dev start
 
 test: install
 	@scripts/with-services.sh $(PY) -m pytest $(PYTEST_ARGS)

@@ -10,6 +10,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -215,3 +216,10 @@ def _history_folds_to_stored_state(request: pytest.FixtureRequest) -> Iterator[N
 def _fast_password_hashing(settings: Any) -> None:
     """Personas are made per test; the production hasher is deliberately slow."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _private_var_dir(settings: Any, tmp_path: Path) -> None:
+    """What a test writes under ``VAR_DIR`` (the demo users' passwords) stays its own."""
+    settings.VAR_DIR = tmp_path / "var"
+    settings.VAR_DIR.mkdir()

@@ -9,6 +9,7 @@ from django.urls import reverse
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import runner, services
+from tasks_app.management.commands import seed_demo
 from tasks_app.models import StepStatus, Task, TaskStatus
 
 from .conftest import ensure_groups, only_step
@@ -83,7 +84,8 @@ def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
     assert User.objects.get(username="oncall").groups.filter(name="oncall").exists()
     assert User.objects.get(username="auditor").groups.filter(name="auditors").exists()
     assert User.objects.get(username="admin").is_superuser
-    assert Task.objects.filter(idempotency_key__startswith="demo:").count() == 6
+    seeded = len(seed_demo.DEMO_TASKS) + len(seed_demo.DEAD_LETTERS) + len(seed_demo.HISTORY)
+    assert Task.objects.filter(idempotency_key__startswith="demo:").count() == seeded
     # An article waits for the demo editor, who is allowed to decide on it.
     editor = User.objects.get(username="editor")
     assert editor.groups.filter(name="editors").exists()

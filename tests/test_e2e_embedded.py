@@ -171,8 +171,11 @@ def test_the_embedded_default_takes_the_demo_article_through_its_review(tmp_path
         finally:
             worker.stop()
 
+    # The seed sent the first draft back once: its rows stay as superseded history.
     assert [(s["kind"], s["status"]) for s in final["steps"]] == [
+        ("generate_draft", "superseded"),
         ("generate_draft", "succeeded"),
+        ("editor_review", "superseded"),
         ("editor_review", "succeeded"),
         ("publish", "succeeded"),
         ("cleanup", "succeeded"),

@@ -1,23 +1,38 @@
+"""Demo data for `make run`: users, and tasks that give every console page something to show.
+
+Everything goes through the services a producer, a worker and an editor use: tasks are
+enqueued, their steps run in this process (:func:`runner.run_task_steps`) and the
+review is decided by a trusted string actor. The only rows written directly are
+timestamps: a retry that is not yet due is made due by moving its ``available_at`` back,
+as the tests move time, and the finished history is spread over the last hour so the
+overview's throughput chart has an hour to draw. Status fields are never written here.
+
+Running it again creates nothing: keys make the enqueue idempotent, and each scenario
+goes on only from where the seed left it, never past what a person did in the console.
+"""
+
 from __future__ import annotations
 
-import secrets
+import random
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.auth.models import Group, User
+from django.apps import apps
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.db.models import F
 
 from tasks_app import runner, services
-from tasks_app.models import Task
+from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 
-# username -> (groups, superuser)
-DEMO_USERS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "editor": (("editors",), False),
-    "oncall": (("oncall",), False),
-    "auditor": (("auditors",), False),
-    "admin": ((), True),
-}
+from .demo_users import DEMO_USERS, create_demo_user, password_file
 
+ACTOR = "cli:seed_demo"
+# Not the enqueuer: nobody decides on a task they enqueued, trusted callers included.
+EDITOR = "cli:demo-editor"
+
+# Left for the worker of `make run`, so the queue has depth when the console opens.
 DEMO_TASKS: list[dict[str, Any]] = [
     {"workflow": "demo.noop", "payload": {"hello": "world"}, "idempotency_key": "demo:noop:1"},
     {"workflow": "demo.noop", "payload": {"hello": "again"}, "idempotency_key": "demo:noop:2"},
@@ -50,40 +65,170 @@ DEMO_TASKS: list[dict[str, Any]] = [
         "idempotency_key": "demo:reply:T-1001",
     },
 ]
-# Brought to their review here, so an editor finds a draft waiting on first login.
-WAIT_FOR_EDITOR = {"demo:publish:article-001:v1"}
+
+# Brought to its review, sent back once, and redrafted: the editor finds revision 1
+# waiting, with the comment and what changed since revision 0.
+REVISED_ARTICLE = "demo:publish:article-001:v1"
+CHANGE_REQUEST = "Lead with a crash story, then show how the claim and the lease prevent it."
+
+# One dead letter per error class, run here until dead. Each fails only on its first
+# claims (``fail_first`` counts claims over the step's life), so a redrive, or "Run
+# again" for the unknown outcome, succeeds from the console.
+DEAD_LETTERS: list[dict[str, Any]] = [
+    {
+        "workflow": "demo.flaky",
+        "payload": {"error": error, "fail_first": fail_first},
+        "idempotency_key": f"demo:dead:{error.replace('_', '-')}",
+    }
+    for error, fail_first in (("retryable", 3), ("permanent", 1), ("outcome_unknown", 1))
+]
+
+# An hour of finished work for the overview's throughput chart.
+HISTORY_SIZE = 120
+HISTORY: list[dict[str, Any]] = [
+    {"workflow": "demo.noop", "payload": {"n": n}, "idempotency_key": f"demo:history:{n:03d}"}
+    for n in range(1, HISTORY_SIZE + 1)
+]
+HISTORY_MINUTES = 60
 
 
 class Command(BaseCommand):
-    help = "Create the demo users (passwords printed once, on creation) and a few demo tasks."
+    help = (
+        "Create the demo users (passwords kept in VAR_DIR/demo-users.txt outside production "
+        "mode; manage.py demo_users shows them) and demo tasks in every state."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with transaction.atomic():
-            for username, (groups, superuser) in DEMO_USERS.items():
-                self._user(username, groups, superuser)
-        results = services.enqueue_many(DEMO_TASKS, actor="cli:seed_demo")
+        self.stdout.write("Demo users:")
+        for username in DEMO_USERS:
+            password = create_demo_user(username)
+            if password is None:
+                self.stdout.write(f"  {username:8} exists (password unchanged)")
+            else:
+                self.stdout.write(f"  {username:8} password: {password}")
+        if not settings.PRODUCTION:
+            self.stdout.write(f"  (kept in {password_file()}; manage.py demo_users shows them)")
+
+        results = services.enqueue_many([*DEMO_TASKS, *DEAD_LETTERS, *HISTORY], actor=ACTOR)
         created = sum(result.created for result in results)
         self.stdout.write(f"Demo tasks: {created} new, {len(results) - created} already there.")
-        for result in results:
-            if result.created and result.task.idempotency_key in WAIT_FOR_EDITOR:
-                self._run_to_review(result.task)
+        tasks = {result.task.idempotency_key: result.task for result in results}
 
-    def _run_to_review(self, task: Task) -> None:
-        """Run the task's steps in this process until it waits for a decision."""
-        runner.run_task_steps(task)
-        task.refresh_from_db()
-        self.stdout.write(f"  task #{task.pk} {task.workflow}: {task.status}")
-
-    def _user(self, username: str, groups: tuple[str, ...], superuser: bool) -> None:
-        if User.objects.filter(username=username).exists():
-            self.stdout.write(f"  {username:8} exists (password unchanged)")
-            return
-        password = secrets.token_urlsafe(12)
-        user = User.objects.create_user(
-            username=username,
-            password=password,
-            is_staff=True,
-            is_superuser=superuser,
+        for item in DEAD_LETTERS:
+            task = tasks[item["idempotency_key"]]
+            self._run_until_settled(task)
+            error = item["payload"]["error"]
+            self.stdout.write(f"  task #{task.pk} {task.workflow} ({error}): {task.status}")
+        article = tasks[REVISED_ARTICLE]
+        revision = self._revise(article)
+        article.refresh_from_db()
+        waiting = f" (revision {revision})" if revision is not None else ""
+        self.stdout.write(f"  task #{article.pk} {article.workflow}: {article.status}{waiting}")
+        finished = self._history([tasks[item["idempotency_key"]] for item in HISTORY])
+        self.stdout.write(
+            f"  {finished} demo.noop tasks finished over the last {HISTORY_MINUTES} minutes"
         )
-        user.groups.add(*Group.objects.filter(name__in=groups))
-        self.stdout.write(f"  {username:8} password: {password}   (shown once)")
+        pending = Task.objects.filter(status=TaskStatus.PENDING).count()
+        self.stdout.write(f"  {pending} tasks pending for the worker")
+
+    # --- dead letters ---------------------------------------------------------------------
+
+    def _run_until_settled(self, task: Task) -> None:
+        """Run ``task`` until it is no longer pending, making each scheduled retry due at
+        once. Stops short of work an operator took over (a redrive or a resolve)."""
+        if Event.objects.filter(
+            task_id=task.pk, kind__in=[EventKind.REDRIVEN, EventKind.RESOLVED]
+        ).exists():
+            return
+        # A bound, not a budget: the flaky step dies within its 3 attempts.
+        for _ in range(10):
+            runner.run_task_steps(task)
+            task.refresh_from_db()
+            if task.status != TaskStatus.PENDING:
+                return
+            # A retry waits its backoff; move its due time back (timestamps only, as the
+            # tests move time) rather than sleep through it.
+            Step.objects.filter(task=task, status=StepStatus.PENDING).update(
+                available_at=F("available_at") - timedelta(minutes=1)
+            )
+
+    # --- the article with a revision ------------------------------------------------------
+
+    def _revise(self, task: Task) -> int | None:
+        """Draft, send back once as ``EDITOR``, redraft: revision 1 waits for an editor.
+        Returns the revision of the request now waiting, if one is.
+
+        Each stage runs only if the previous one is where the seed left it, so a second run
+        does nothing and a decision made in the console stands.
+        """
+        if not apps.is_installed("approvals"):
+            return None
+        # The core does not import the approvals app at module level (it builds on the
+        # core, never the reverse); the demo's article needs it installed.
+        from approvals import services as approvals
+        from approvals.models import ApprovalRequest, ApprovalStatus
+
+        requests = ApprovalRequest.objects.filter(task=task)
+        if not requests.exists():
+            runner.run_task_steps(task)
+        if not requests.filter(status=ApprovalStatus.CHANGES_REQUESTED).exists():
+            first = requests.filter(status=ApprovalStatus.PENDING, revision=0).first()
+            if first is None:
+                return None
+            approvals.request_changes(first, actor=EDITOR, comment=CHANGE_REQUEST)
+        if not requests.filter(revision__gte=1).exists():
+            runner.run_task_steps(task)
+        return (
+            requests.filter(status=ApprovalStatus.PENDING)
+            .values_list("revision", flat=True)
+            .first()
+        )
+
+    # --- an hour of history ---------------------------------------------------------------
+
+    def _history(self, tasks: list[Task]) -> int:
+        """Run the history tasks, then spread their times over the last hour; returns how
+        many finished.
+
+        Every run spreads them again, so the chart shows an hour whenever `make run`
+        starts. Only timestamps move; events keep the times they were written.
+        """
+        for task in tasks:
+            if task.status == TaskStatus.PENDING:
+                runner.run_task_steps(task)
+        ids = list(
+            Task.objects.filter(
+                pk__in=[task.pk for task in tasks], status=TaskStatus.SUCCEEDED
+            ).values_list("pk", flat=True)
+        )
+        now = services.db_now()
+        # Seeded, so each run draws the same hour; busier and quieter stretches, as a
+        # real hour has.
+        rng = random.Random(HISTORY_SIZE)
+        weights = [
+            (5 if minute % 20 < 7 else 2) + rng.random() for minute in range(HISTORY_MINUTES)
+        ]
+        with transaction.atomic():
+            for pk in ids:
+                minute = rng.choices(range(HISTORY_MINUTES), weights)[0]
+                finished = now - timedelta(minutes=minute, seconds=rng.uniform(5, 55))
+                self._backdate(
+                    pk, finished, waited=rng.uniform(0.05, 3), ran=rng.uniform(0.01, 0.2)
+                )
+        return len(ids)
+
+    @staticmethod
+    def _backdate(pk: int, finished: datetime, *, waited: float, ran: float) -> None:
+        """Set the clocks of task ``pk`` and of its step and lease as if it was enqueued
+        ``waited + ran`` seconds before ``finished``."""
+        started = finished - timedelta(seconds=ran)
+        created = started - timedelta(seconds=waited)
+        Task.objects.filter(pk=pk).update(created_at=created, finished_at=finished)
+        Step.objects.filter(task_id=pk).update(
+            available_at=created, started_at=started, finished_at=finished
+        )
+        Lease.objects.filter(step__task_id=pk).update(
+            acquired_at=started,
+            expires_at=started + timedelta(seconds=settings.TASKS_LEASE_SECONDS),
+            released_at=finished,
+        )
