@@ -1,0 +1,112 @@
+"""The browser tests: Debian's chromium, driven by Playwright's sync API, against the live
+server, with one real Celery worker per module on the test database and this run's Redis
+keys (as in ``tests/test_e2e_celery.py``).
+
+The database is transactional (the worker and the live server's thread see what a test
+commits), so each test makes its own personas; each test gets its own browser context.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+
+from tests.e2e_support import Worker, database_url
+from tests.remotes import LoopbackRemote, loopback_remotes
+
+from .support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, VIEWPORT
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "browser: drives Debian's chromium against the live server and a worker"
+    )
+
+
+expect.set_options(timeout=TIMEOUT_MS)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"the browser tests drive Debian's chromium, missing at {CHROMIUM}: "
+            "apt-get install -y chromium"
+        )
+    # Between its calls Playwright's sync API marks its event loop as running in this
+    # thread, which Django's async-safety check takes for an async context. The ORM calls
+    # the tests make here are plain synchronous ones, so the check stands down exactly as
+    # long as Playwright runs (function-scoped teardowns, such as the flush, included).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(
+                executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                yield chromium
+            finally:
+                chromium.close()
+
+
+@pytest.fixture
+def context(browser: Browser, live_server: Any) -> Iterator[BrowserContext]:
+    context = browser.new_context(base_url=live_server.url, viewport=VIEWPORT)
+    context.set_default_timeout(TIMEOUT_MS)
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Page:
+    return context.new_page()
+
+
+# --- the worker and its remotes -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def module_remotes() -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
+    """The publishing and mail remotes the worker's workflows call, on loopback."""
+    with loopback_remotes() as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def worker(
+    django_db_setup: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    module_remotes: tuple[LoopbackRemote, LoopbackRemote],
+) -> Iterator[Worker]:
+    """One worker (with beat, so the sweeper runs) for the module."""
+    if connection.vendor != "postgresql" or not settings.REDIS_URL:
+        pytest.fail("the browser tests need PostgreSQL and Redis: run `make test`")
+    folder = tmp_path_factory.mktemp("browser-worker")
+    # The worker keeps Django's async-safety check (see ``browser``), whichever fixture
+    # started first.
+    inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    env = {
+        **inherited,
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "REDIS_URL": settings.REDIS_URL,
+        "TASKS_BROKER_PREFIX": os.environ.get("TASKS_BROKER_PREFIX", ""),
+        "TASKS_SWEEP_SECONDS": "1",
+        "TASKS_REDISPATCH_SECONDS": "1",
+        "TASKS_VAR_DIR": str(folder / "var"),
+        "PUBLISH_URL": module_remotes[0].url,
+        "MAIL_URL": module_remotes[1].url,
+    }
+    process = Worker(["-c", "2", "-B", "--loglevel=INFO"], env=env, log_path=folder / "worker.log")
+    try:
+        process.wait_ready(timeout=60)
+        yield process
+    finally:
+        process.stop()
