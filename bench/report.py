@@ -15,6 +15,13 @@ COMPARED = ["celery", "proc", "raw"]
 TIMES = "\u00d7"  # the multiplication sign of "2x"
 DASH = "\u2013"  # the en dash of "min-max" and of an empty cell
 
+# The console cells: page key -> what the tables call it.
+CONSOLE_PAGES = {
+    "overview": "Overview (`GET /`)",
+    "tasks": "Tasks, first page (`GET /tasks/`)",
+}
+CONSOLE_BOUND = 1.5  # the large set's time over the small set's, per page
+
 START_MARK = "<!-- bench:start -->"
 END_MARK = "<!-- bench:end -->"
 
@@ -152,6 +159,11 @@ def collect(cells: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[float]]
                 add("own_wal_per_step", system, cell.get("own_wal_bytes_per_step"))
                 add("rss_mib", system, cell.get("rss_mib"))
                 add("pss_mib", system, cell.get("pss_mib"))
+        elif cell["cell"] == "console":
+            page = cell["page"]
+            add(f"console_{page}_small", system, cell.get("small_ms"))
+            add(f"console_{page}_large", system, cell.get("large_ms"))
+            add(f"console_{page}_ratio", system, cell.get("ratio"))
         elif cell["cell"] == "latency":
             for rate, result in cell.get("rates", {}).items():
                 if result.get("error"):
@@ -185,6 +197,7 @@ class Target:
     other: str | None  # None: an absolute bound on US's value
     bound: float
     at_least: bool  # ratio (or value) must be >= bound; else <=
+    ratio: bool = False  # an absolute bound on a ratio US's cell measured (shown as one)
 
 
 TARGETS = [
@@ -202,10 +215,28 @@ TARGETS = [
     ),
     Target("commits per executed step: US ≤ 2", "commits_per_step", None, 2.0, False),
     Target(f"worker memory (RSS): US ≤ 1.2{TIMES} CELERY child", "rss_mib", "celery", 1.2, False),
+    *[
+        Target(
+            f"console {title}: time at {{large}} ÷ at {{small}} tasks ≤ {CONSOLE_BOUND:g}",
+            f"console_{page}_ratio",
+            None,
+            CONSOLE_BOUND,
+            False,
+            ratio=True,
+        )
+        for page, title in CONSOLE_PAGES.items()
+    ],
 ]
 
 
-def evaluate(summary: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def _sizes(mode: dict[str, Any] | None) -> dict[str, str]:
+    small, large = (mode or {}).get("console_sizes") or (0, 0)
+    return {"small": f"{small:,}", "large": f"{large:,}"}
+
+
+def evaluate(
+    summary: dict[str, dict[str, dict[str, Any]]], mode: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     out = []
     for target in TARGETS:
         by_system = summary.get(target.metric, {})
@@ -223,12 +254,13 @@ def evaluate(summary: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, An
             ok = value >= target.bound if target.at_least else value <= target.bound
         out.append(
             {
-                "target": target.text,
+                "target": target.text.format(**_sizes(mode)),
                 "metric": target.metric,
                 "against": target.other,
                 "bound": target.bound,
                 "value": value,
                 "ok": ok,
+                "ratio": target.ratio,
             }
         )
     return out
@@ -254,17 +286,22 @@ def markdown(result: dict[str, Any]) -> str:
     mode = meta["mode"]
     summary = result["summary"]
     runs = mode["runs"]
+    # A run of the console cells alone (or of none of them) leaves out the other's rows.
+    kinds = {cell["cell"] == "console" for cell in result["cells"]} or {True, False}
     lines = [
         f"**{mode['name']} run** of {meta['started']} ({meta['duration_s']:.0f} s, "
         f"{runs} run{'s' if runs > 1 else ''}"
         + (f", median (min{DASH}max)" if runs > 1 else "")
         + "; ratios are US ÷ other: above 1 is faster for throughput, below 1 is better "
         "for latency, commits, WAL and memory)",
-        "",
-        "| metric | US | CELERY | PROC | RAW | US/CELERY | US/PROC | US/RAW |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
-    for metric in metrics(mode):
+    if False in kinds:
+        lines += [
+            "",
+            "| metric | US | CELERY | PROC | RAW | US/CELERY | US/PROC | US/RAW |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|",
+        ]
+    for metric in metrics(mode) if False in kinds else []:
         by_system = summary.get(metric.key, {})
         unit = f" ({metric.unit})" if metric.unit else ""
         row = [f"{metric.title}{unit}"]
@@ -275,13 +312,17 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(row) + " |")
 
+    lines += console_table(result)
     lines += ["", "| target (same run) | measured | |", "|---|--:|:-:|"]
     for target in result["targets"]:
+        if target["metric"].startswith("console_") not in kinds:
+            continue
         value = target["value"]
         if value is None:
             shown, mark = DASH, "?"
         else:
-            shown = f"{value:.2f}" if target["against"] is None else f"{value:.2f}{TIMES}"
+            times = target["against"] is not None or target.get("ratio")
+            shown = f"{value:.2f}{TIMES}" if times else f"{value:.2f}"
             mark = "✓" if target["ok"] else "✗"
         lines.append(f"| {target['target']} | {shown} | {mark} |")
 
@@ -306,6 +347,8 @@ def markdown(result: dict[str, Any]) -> str:
         where = f"run {cell['run']} {SYSTEM_LABELS[cell['system']]} {cell['cell']}"
         if cell.get("workers"):
             where += f" c{cell['workers']}"
+        if cell.get("page"):
+            where += f" {cell['page']}"
         if "rate" in cell:
             detail = cell["detail"]
             text = (
@@ -323,7 +366,9 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{cell.get('total')} done (throughput from what finished)"
             )
         else:
-            text = str(cell["error"]).strip().splitlines()[-1][:300]
+            # A console page's answer: its status and the first 300 characters of its body.
+            limit = 420 if cell["cell"] == "console" else 300
+            text = str(cell["error"]).strip().splitlines()[-1][:limit]
         lines.append(f"- {where}: {text}")
 
     env = meta["environment"]
@@ -338,6 +383,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"processes; latency {mode['latency_seconds']:g} s at each of "
         f"{', '.join(map(str, mode['rates']))} tasks/s with {mode['senders']} sender threads"
     )
+    if mode.get("console_sizes"):
+        small, large = mode["console_sizes"]
+        sizes += (
+            f"; console pages: median of {mode['console_gets']} GETs after "
+            f"{mode['console_warmup']} at {small:,} and at {large:,} tasks"
+        )
     lines += [
         "",
         f"- machine: {env['cpu_model']}, {env['cpus']} CPUs, {env['memory_gib']:.0f} GiB",
@@ -350,6 +401,53 @@ def markdown(result: dict[str, Any]) -> str:
         + f" (seed {meta['seed']})",
     ]
     return "\n".join(lines) + "\n"
+
+
+def console_table(result: dict[str, Any]) -> list[str]:
+    """The console cells: each page's median time at both sizes and their ratio (the
+    median of the runs, with min and max when there are several)."""
+    summary = result["summary"]
+    mode = result["meta"]["mode"]
+    if not mode.get("console_sizes") or not any(
+        cell["cell"] == "console" for cell in result["cells"]
+    ):
+        return []
+    small, large = mode["console_sizes"]
+    ms = Metric("", "", "ms", False, _one)
+    ratio = Metric("", "", "", False, lambda value: f"{value:.2f}{TIMES}")
+    lines = [
+        "",
+        f"| console page, US (median of {mode['console_gets']} GETs, ms) | {small:,} tasks "
+        f"| {large:,} tasks | {large:,} ÷ {small:,} |",
+        "|---|--:|--:|--:|",
+    ]
+    for page, title in CONSOLE_PAGES.items():
+        row = [title]
+        for key, metric in (("small", ms), ("large", ms), ("ratio", ratio)):
+            row.append(_cell(summary.get(f"console_{page}_{key}", {}).get("us"), metric))
+        lines.append("| " + " | ".join(row) + " |")
+    # Where a page missed its bound: the slowest query at the large size (last run).
+    notes = []
+    for page, title in CONSOLE_PAGES.items():
+        ratio_summary = summary.get(f"console_{page}_ratio", {}).get("us")
+        measured = [
+            cell
+            for cell in result["cells"]
+            if cell["cell"] == "console" and cell.get("page") == page and "sizes" in cell
+        ]
+        if not ratio_summary or ratio_summary["median"] <= CONSOLE_BOUND or not measured:
+            continue
+        at_large = measured[-1]["sizes"].get(str(large), {})
+        slowest = at_large.get("slowest") or [{}]
+        sql = " ".join(str(slowest[0].get("sql", "?")).split())
+        notes.append(
+            f"- {title} at {large:,} tasks: {at_large.get('queries', '?')} queries, the slowest "
+            f"{slowest[0].get('ms', 0):.0f} ms: `{sql[:240]}{'…' if len(sql) > 240 else ''}` "
+            "(its EXPLAIN ANALYZE is in the results JSON)"
+        )
+    if notes:
+        lines += ["", *notes]
+    return lines
 
 
 def update_docs(path: Path, table: str, source: str) -> None:

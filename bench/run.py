@@ -4,7 +4,10 @@
 It finds PostgreSQL and Redis as ``scripts/with-services.sh`` does (``DATABASE_URL`` /
 ``REDIS_URL``, else 127.0.0.1), creates a database of its own (``task_console_bench``,
 dropped at the end) and uses Redis keys under a prefix of its own (deleted at the end),
-runs every cell for every system in a shuffled order per run, and writes
+runs every cell for every system in a shuffled order per run, then the console cells
+(``bench/pages.py``: two pages timed over two data sets, ``bench/dataset.py``, each in a
+database of its own, ``bench_console_<tasks>``, built in the first run, dropped at the
+end), and writes
 ``bench/results/<timestamp>[-quick].{json,md}`` (and, in full mode, the table into
 ``docs/performance.md``). Every process it starts is stopped, also on error; every wait
 has a deadline, and the whole run has a time budget after which cells are skipped.
@@ -42,13 +45,19 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import redis
 
-from . import report
+from . import dataset, report
 from .common import BENCH_DIR, ROOT, wait_for
+from .pages import PAGES, BadAnswer, PageProcess
 from .procs import stop_all
 from .raw import SCHEMA as RAW_SCHEMA
 from .systems import ORDER, SYSTEMS, Ctx, Progress, System
 
 BENCH_DB = "task_console_bench"
+# The console cells' data sets: one database per size, "bench_console_<tasks>".
+CONSOLE_DB = "bench_console_{}"
+CONSOLE_DB_PATTERN = r"^bench_console_[0-9]+$"
+CONSOLE_PAGES = tuple(PAGES)
+ALL_CELLS = ("enqueue", "drain", "latency", "console")
 LOCK_KEY = 7_311_003  # pg advisory lock: one bench run per server at a time
 RESULTS_DIR = BENCH_DIR / "results"
 DOCS = ROOT / "docs" / "performance.md"
@@ -68,14 +77,21 @@ class Mode:
     senders: int
     drain_timeout: float  # a drain cell stops here and reports what finished
     budget: float  # seconds for all cells; later cells are skipped past it
+    console_sizes: tuple[int, int]  # tasks in the console cells' small and large data sets
+    console_gets: int  # timed GETs per page and size (after console_warmup untimed ones)
+    console_warmup: int
 
 
 MODES = {
-    "quick": Mode("quick", 1, 500, 5_000, 1_000, 1_000, (1, 2, 4), (50, 200, 500), 3.0, 4, 45, 240),
-    "full": Mode(
-        "full", 3, 5_000, 50_000, 1_000, 10_000, (1, 2, 4), (50, 200, 500), 6.0, 4, 100, 27 * 60
+    "quick": Mode(
+        "quick", 1, 500, 5_000, 1_000, 1_000, (1, 2, 4), (50, 200, 500), 3.0, 4, 45, 240,
+        console_sizes=(2_000, 20_000), console_gets=20, console_warmup=5,
     ),
-}
+    "full": Mode(
+        "full", 3, 5_000, 50_000, 1_000, 10_000, (1, 2, 4), (50, 200, 500), 6.0, 4, 100, 27 * 60,
+        console_sizes=(10_000, 1_000_000), console_gets=20, console_warmup=5,
+    ),
+}  # fmt: skip
 
 
 class Interrupted(BaseException):
@@ -110,6 +126,7 @@ class Server:
 
     def __init__(self, admin_dsn: str, db_name: str) -> None:
         self.db_name = db_name
+        self.others: list[str] = []  # the console data sets' databases
         self.conn = psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5)
         self.can_checkpoint = True
         self.walinspect = False
@@ -130,6 +147,22 @@ class Server:
 
     def drop(self) -> None:
         self.conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+
+    def create_other(self, name: str) -> None:
+        """Another database of this run (a console data set), dropped by ``drop_others``."""
+        self.conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.others.append(name)
+        self.conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop_others(self) -> None:
+        """This run's other databases, and any a killed run left behind (we hold the
+        lock: no other run is using them)."""
+        rows = self.conn.execute(
+            "SELECT datname FROM pg_database WHERE datname ~ %s", (CONSOLE_DB_PATTERN,)
+        ).fetchall()
+        for name in {*self.others, *(str(row[0]) for row in rows)}:
+            self.conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.others = []
 
     def backends(self) -> int:
         return int(
@@ -361,6 +394,10 @@ class Bench:
         self.server = server
         self.mode = mode
         self.started = time.monotonic()
+        # The console data sets: tasks -> DSN, built by the first console cell.
+        self.console_dsns: dict[int, str] = {}
+        self.console_data: dict[str, Any] = {}
+        self.console_failure: str | None = None
 
     def over_budget(self) -> bool:
         return time.monotonic() - self.started > self.mode.budget
@@ -587,6 +624,102 @@ class Bench:
             out["error"] = "no task started"
         return out
 
+    # 6. a console page rendered over a small and a large history
+
+    def build_console_data(self) -> None:
+        """Each size's database: created, migrated, filled with COPY, analyzed, checked.
+        Built once per harness run; a failure is remembered so later cells fail at once."""
+        if self.console_failure is not None:
+            raise RuntimeError(f"the console data could not be built: {self.console_failure}")
+        if self.console_dsns:
+            return
+        try:
+            for tasks in self.mode.console_sizes:
+                name = CONSOLE_DB.format(tasks)
+                began = time.monotonic()
+                self.server.create_other(name)
+                dsn = with_database(self.ctx.dsn, name)
+                migrated = dataset.migrate(self.ctx.python, self.ctx.env, dsn)
+                info = dataset.load(dsn, tasks)
+                info.update(
+                    {"database": name, "migrate_s": migrated, "build_s": time.monotonic() - began}
+                )
+                self.console_data[str(tasks)] = info
+                self.console_dsns[tasks] = dsn
+                print(
+                    f"console data: {tasks:,} tasks in {name}, built in {info['build_s']:.1f} s "
+                    f"({info['database_mib']:,.0f} MiB)",
+                    flush=True,
+                )
+        except Exception as exc:
+            self.console_dsns = {}
+            self.console_failure = f"{type(exc).__name__}: {exc}".strip().splitlines()[-1][:500]
+            raise
+
+    def console(self, page: str) -> dict[str, Any]:
+        """One page timed over both data sets: a ``bench.pages`` process per set, warmed
+        up, then the GETs alternate between the two (which goes first alternates too), so
+        the machine's moments of load fall on both sizes alike."""
+        mode, ctx = self.mode, self.ctx
+        self.build_console_data()
+        sizes = mode.console_sizes
+        procs: dict[int, PageProcess] = {}
+        out: dict[str, Any] = {}
+        try:
+            for tasks in sizes:
+                env = {**ctx.env, "DATABASE_URL": self.console_dsns[tasks]}
+                env["BENCH_DSN"] = env["DATABASE_URL"]
+                procs[tasks] = PageProcess(
+                    ctx.python,
+                    page,
+                    env=env,
+                    cwd=ROOT,
+                    log=ctx.work_dir / f"page-{page}-{tasks}-{time.monotonic_ns()}.log",
+                    warmup=mode.console_warmup,
+                )
+            for tasks, proc in procs.items():
+                self._ask(proc, tasks, None, timeout=120)  # booted and warmed up
+            times: dict[int, list[float]] = {tasks: [] for tasks in sizes}
+            size_bytes: dict[int, int] = {}
+            for round_ in range(mode.console_gets):
+                for tasks in sizes if round_ % 2 == 0 else sizes[::-1]:
+                    reply = self._ask(procs[tasks], tasks, "get", timeout=60)
+                    times[tasks].append(float(reply["ms"]))
+                    size_bytes[tasks] = int(reply["bytes"])
+            for tasks in sizes:
+                queries = self._ask(procs[tasks], tasks, "explain", timeout=120)
+                out[str(tasks)] = {
+                    "median_ms": statistics.median(times[tasks]),
+                    "min_ms": min(times[tasks]),
+                    "max_ms": max(times[tasks]),
+                    "times_ms": times[tasks],
+                    "bytes": size_bytes[tasks],
+                    **queries,
+                }
+        finally:
+            for proc in procs.values():
+                proc.stop()
+        small, large = sizes
+        small_ms, large_ms = out[str(small)]["median_ms"], out[str(large)]["median_ms"]
+        return {
+            "page": page,
+            "url": PAGES[page],
+            "small": small,
+            "large": large,
+            "small_ms": small_ms,
+            "large_ms": large_ms,
+            "ratio": large_ms / small_ms,
+            "sizes": out,
+        }
+
+    @staticmethod
+    def _ask(proc: PageProcess, tasks: int, command: str | None, timeout: float) -> dict[str, Any]:
+        try:
+            return proc.ask(command, timeout)
+        except BadAnswer as exc:
+            # The process's log (a 500's traceback) first, the answer on the last line.
+            raise RuntimeError(f"{proc.tail(3000)}\nat {tasks:,} tasks: {exc}") from None
+
 
 def _median_mib(processes: list[dict[str, int]], field: str) -> float | None:
     values = [p[field] for p in processes if field in p]
@@ -639,12 +772,42 @@ def run_cells(
                 cell["seconds"] = time.monotonic() - began
                 cells.append(cell)
                 print(f"{label}: {_brief(cell)} ({cell['seconds']:.1f} s)", flush=True)
+        if "console" in wanted and "us" in systems:
+            cells += console_cells(bench, run)
     return cells, orders
+
+
+def console_cells(bench: Bench, run: int) -> list[dict[str, Any]]:
+    """A run's console cells, after its system cells (the large data set's build then
+    lands in none of them)."""
+    cells: list[dict[str, Any]] = []
+    for page in CONSOLE_PAGES:
+        cell: dict[str, Any] = {"run": run, "system": "us", "cell": "console", "page": page}
+        label = f"run {run}/{bench.mode.runs} US     console {page}"
+        if bench.over_budget():
+            cell["skipped"] = "time budget"
+            cells.append(cell)
+            print(f"{label}: skipped (time budget)", flush=True)
+            continue
+        began = time.monotonic()
+        try:
+            cell.update(bench.console(page))
+        except Exception as exc:
+            cell["error"] = "".join(traceback.format_exception(exc))[-6000:]
+        cell["seconds"] = time.monotonic() - began
+        cells.append(cell)
+        print(f"{label}: {_brief(cell)} ({cell['seconds']:.1f} s)", flush=True)
+    return cells
 
 
 def _brief(cell: dict[str, Any]) -> str:
     if cell.get("error"):
         return "ERROR " + cell["error"].strip().splitlines()[-1][:200]
+    if cell["cell"] == "console":
+        return (
+            f"{cell['small']:,} tasks {cell['small_ms']:.1f} ms, {cell['large']:,} tasks "
+            f"{cell['large_ms']:.1f} ms, ratio {cell['ratio']:.2f}"
+        )
     if cell["cell"] == "enqueue":
         return f"single {cell['single']['rate']:,.0f}/s, bulk {cell['bulk']['rate']:,.0f}/s"
     if cell["cell"] == "drain":
@@ -677,7 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(ORDER), help="comma-separated subset")
     parser.add_argument("--seed", type=int, help="seed of the per-run system order")
     parser.add_argument(
-        "--cells", default="enqueue,drain,latency", help="comma-separated subset of the cells"
+        "--cells",
+        default=",".join(ALL_CELLS),
+        help="comma-separated subset of the cells (console: only with the system us)",
     )
     parser.add_argument("--senders", type=int, help="override the open loop's sender threads")
     parser.add_argument(
@@ -693,16 +858,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.senders:
         mode = Mode(**{**asdict(mode), "senders": args.senders})
     cells = {c.strip() for c in args.cells.split(",") if c.strip()}
-    if not cells or cells - {"enqueue", "drain", "latency"}:
-        parser.error("--cells takes enqueue, drain and latency")
+    if not cells or cells - set(ALL_CELLS):
+        parser.error(f"--cells takes {', '.join(ALL_CELLS)}")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown systems: {', '.join(unknown)}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
-    partial = (
-        systems != ORDER or cells != {"enqueue", "drain", "latency"} or mode != MODES[args.mode]
-    )
+    partial = systems != ORDER or cells != set(ALL_CELLS) or mode != MODES[args.mode]
     write_docs = args.docs if args.docs is not None else (mode.name == "full" and not partial)
 
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -773,15 +936,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     code_at_start = code_fingerprint()
     try:
+        server.drop_others()
         server.create()
         prepare_database(ctx, server)
         env_info = environment(server, rds)
         bench = Bench(ctx, server, mode)
         results, orders = run_cells(bench, systems, seed, cells)
+        console_data = bench.console_data
     finally:
         stop_all()
         with contextlib.suppress(Exception):
             server.drop()
+        with contextlib.suppress(Exception):
+            server.drop_others()
         with contextlib.suppress(Exception):
             ctx.purge_keys(ctx.live_prefix)
             ctx.purge_keys(ctx.stage_prefix)
@@ -794,7 +961,12 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {
             "started": started_at.isoformat(timespec="seconds"),
             "duration_s": time.monotonic() - began,
-            "mode": {**asdict(mode), "workers": list(mode.workers), "rates": list(mode.rates)},
+            "mode": {
+                **asdict(mode),
+                "workers": list(mode.workers),
+                "rates": list(mode.rates),
+                "console_sizes": list(mode.console_sizes),
+            },
             "systems": systems,
             "seed": seed,
             "orders": orders,
@@ -802,11 +974,12 @@ def main(argv: list[str] | None = None) -> int:
             "code_at_start": code_at_start,
             "code_at_end": code_fingerprint(),
             "environment": env_info,
+            "console_data": console_data,
         },
         "cells": results,
         "summary": summary,
     }
-    result["targets"] = report.evaluate(summary)
+    result["targets"] = report.evaluate(summary, result["meta"]["mode"])
     table = report.markdown(result)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     suffix = "-partial" if partial else ("" if mode.name == "full" else f"-{mode.name}")

@@ -83,9 +83,11 @@ def _ratio(part: int, whole: int) -> float | None:
 
 
 def overview() -> Overview:
+    # Counts are COUNT(*) (not of a column), so PostgreSQL answers them from the partial
+    # indexes alone, without visiting the rows.
     now = db_now()
     hour_ago, day_ago = now - timedelta(hours=1), now - timedelta(days=1)
-    by_status = dict(Task.objects.active().values_list("status").annotate(n=Count("id")).order_by())
+    by_status = dict(Task.objects.active().values_list("status").annotate(n=Count("*")).order_by())
     retry_scheduled = (
         Step.objects.filter(status=StepStatus.PENDING, attempts__gt=0, available_at__gt=now)
         .values("task_id")
@@ -96,7 +98,7 @@ def overview() -> Overview:
     trouble = dict(
         Event.objects.filter(kind__in=TROUBLE_EVENT_KINDS, created_at__gte=hour_ago)
         .values_list("kind")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("*"))
         .order_by()
     )
     paused = list(QueueState.objects.filter(paused=True).order_by("name"))
@@ -131,7 +133,7 @@ def _throughput(now: datetime) -> list[MinuteCount]:
         for row in Task.objects.filter(status=TaskStatus.SUCCEEDED, finished_at__gte=start)
         .annotate(minute=TruncMinute("finished_at"))
         .values("minute")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("*"))
         .order_by()
     }
     minutes = [start + timedelta(minutes=i) for i in range(60)]
@@ -172,8 +174,8 @@ def queues() -> list[QueueRow]:
         for row in Step.objects.filter(status=StepStatus.PENDING)
         .values("queue")
         .annotate(
-            due=Count("id", filter=Q(available_at__lte=now)),
-            scheduled=Count("id", filter=Q(available_at__gt=now)),
+            due=Count("available_at", filter=Q(available_at__lte=now)),
+            scheduled=Count("available_at", filter=Q(available_at__gt=now)),
             oldest=Min("available_at", filter=Q(available_at__lte=now)),
         )
         .order_by()
@@ -181,7 +183,7 @@ def queues() -> list[QueueRow]:
     running = dict(
         Step.objects.filter(status=StepStatus.RUNNING)
         .values_list("queue")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("*"))
         .order_by()
     )
     states = {state.name: state for state in QueueState.objects.all()}

@@ -1,0 +1,509 @@
+"""The console cells' data: a database per size, migrated, then filled with COPY.
+
+Finished history spread over the 30 days before the build (ids follow creation time),
+plus the same few hundred tasks of active work at every size from 10,000 up:
+
+- 2% cancelled before a claim (``enqueued``, then ``cancelled`` by a person);
+- 1% dead: three claims, three failed leases, the traceback on the step, events up to
+  ``dead_lettered``;
+- 150 pending (due) and 50 running (a live lease) created in the last three minutes, 100
+  waiting for approval (a pending request) created in the last day (3% of the tasks in
+  all below 10,000);
+- the rest (~97%) succeeded: one claim (a tenth of ``demo.flaky``'s two), a lease per
+  claim, events ``enqueued``, ``claimed`` (``retry_scheduled``), ``succeeded``.
+
+One step per task (position 0, revision 0), its id the task's. Workflows ``demo.noop``,
+``demo.flaky``, ``publish_article``, ``ticket_reply`` (version 1), queue ``default``.
+The tables are truncated and filled in one transaction with ``COPY … FREEZE`` (rows
+visible to all, as old history is after vacuum), the identity sequences set past the
+rows, then ``VACUUM (ANALYZE)``. Nothing here imports Django.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .common import ROOT
+
+SPAN = 30 * 24 * 3600.0  # the history's spread, seconds
+LEASE_SECONDS = 300
+CHUNK = 5_000  # rows per write to the COPY stream
+WORKER = "celery@bench-{}:{}"
+NULL = "\\N"
+
+# (workflow, kind of its one step); a task's workflow is WORKFLOWS[id % 10].
+WORKFLOWS = (
+    *[("demo.noop", "noop")] * 4,
+    *[("demo.flaky", "flaky")] * 2,
+    *[("publish_article", "generate_draft")] * 2,
+    *[("ticket_reply", "lookup_customer")] * 2,
+)
+# Waiting tasks sit at their approval step: (workflow, step kind, action, draft step,
+# send back to, expiry hours, on expiry).
+GATES = (
+    ("publish_article", "editor_review", "publish", "generate_draft", "generate_draft", 48,
+     "dead_letter"),
+    ("ticket_reply", "review", "send", "draft_reply", "draft_reply", 24, "cancel"),
+)  # fmt: skip
+RESULTS = {
+    "noop": "{}",
+    "flaky": '{"token": 1, "attempt": 1}',
+    "generate_draft": '{"title": "Article", "body": "Draft text.", "revision": 0}',
+    "lookup_customer": '{"name": "Customer", "email": "customer@customers.example"}',
+}
+
+ERROR_CLASS = "tasks_app.exceptions.RetryableError"
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/app/tasks_app/runner.py", line 212, in run_claim\n'
+    "    result = spec.handler(ctx)\n"
+    '  File "/app/tasks_app/demo_workflows.py", line 52, in flaky\n'
+    '    raise error(f"failing on claim {ctx.fencing_token} (fail_rate {rate})")\n'
+    "tasks_app.exceptions.RetryableError: failing on claim {token} (fail_rate 0.5)\n"
+)
+
+PENDING, RUNNING, WAITING = "pending", "running", "waiting_approval"
+SUCCEEDED, CANCELLED, DEAD = "succeeded", "cancelled", "dead"
+
+
+def copy_text(value: str) -> str:
+    """A field in COPY's text format."""
+    return (
+        value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    )
+
+
+def ts(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(sep=" ")
+
+
+def jtext(value: Any) -> str:
+    return copy_text(json.dumps(value))
+
+
+# The step keeps the last claim's traceback; each failure event its own (the last 2,000
+# characters).
+ERROR_FIELD = copy_text(TRACEBACK.replace("{token}", "3"))
+ERROR_JSON = {token: jtext(TRACEBACK.replace("{token}", str(token))[-2000:]) for token in (1, 2, 3)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which task ids get which status, and the counts to check the load against."""
+
+    n: int
+    now: float
+    status: dict[int, str]  # every id not in here succeeded
+
+    def of(self, task_id: int) -> str:
+        return self.status.get(task_id, SUCCEEDED)
+
+    def counts(self) -> dict[str, int]:
+        counts = Counter(self.status.values())
+        counts[SUCCEEDED] = self.n - len(self.status)
+        return dict(counts)
+
+
+def active_counts(n: int) -> dict[str, int]:
+    active = min(300, n * 3 // 100)
+    waiting, running = active // 3, active // 6
+    return {PENDING: active - waiting - running, RUNNING: running, WAITING: waiting}
+
+
+def plan(n: int, seed: int, now: float) -> Plan:
+    rng = random.Random(seed)
+    status: dict[int, str] = {}
+    active = active_counts(n)
+
+    def pick(count: int, low: int, value: str) -> None:
+        low = max(1, low)
+        while count:
+            task_id = rng.randint(low, n)
+            if task_id not in status:
+                status[task_id] = value
+                count -= 1
+
+    # Pending and running among the newest ids (their times are set to the last minutes),
+    # waiting among the last day's, dead and cancelled anywhere in the history.
+    pick(active[PENDING], n - 3 * (active[PENDING] + active[RUNNING]), PENDING)
+    pick(active[RUNNING], n - 3 * (active[PENDING] + active[RUNNING]), RUNNING)
+    pick(active[WAITING], n - max(n // 30, 3 * active[WAITING]), WAITING)
+    pick(n // 100, 1, DEAD)
+    pick(n // 50, 1, CANCELLED)
+    return Plan(n, now, status)
+
+
+def _frac(task_id: int, salt: int) -> float:
+    """A cheap deterministic number in [0, 1) per task."""
+    return (((task_id * 2654435761) ^ (salt * 40503)) & 0xFFFF) / 65536
+
+
+@dataclass
+class Rows:
+    tasks: list[str]
+    steps: list[str]
+    leases: list[str]
+    events: list[str]
+    approvals: list[str]
+
+
+class Generator:
+    """The rows of every table, task by task, as lines of COPY text."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.lease_id = 0
+        self.event_id = 0
+        self.approval_id = 0
+        self.end = plan.now - 5
+        self.start = self.end - SPAN
+        self.totals: Counter[str] = Counter()
+
+    def chunks(self) -> Iterator[Rows]:
+        rows = Rows([], [], [], [], [])
+        for task_id in range(1, self.plan.n + 1):
+            self.task(task_id, rows)
+            if len(rows.tasks) >= CHUNK:
+                yield rows
+                rows = Rows([], [], [], [], [])
+        if rows.tasks:
+            yield rows
+
+    def event(
+        self,
+        rows: Rows,
+        task_id: int,
+        kind: str,
+        actor: str,
+        at: str,
+        data: str,
+        *,
+        reason: str = "",
+        step: bool = True,
+    ) -> None:
+        self.event_id += 1
+        step_id = str(task_id) if step else NULL
+        rows.events.append(
+            f"{self.event_id}\t{task_id}\t{step_id}\t{kind}\t{actor}\t\\N\t{reason}\t{data}\t{at}"
+        )
+
+    def lease(
+        self, rows: Rows, step_id: int, token: int, acquired: float, released: str, outcome: str
+    ) -> None:
+        self.lease_id += 1
+        worker = WORKER.format(1 + step_id % 2, 1000 + step_id % 4)
+        expires = ts(acquired + LEASE_SECONDS)
+        rows.leases.append(
+            f"{self.lease_id}\t{step_id}\t{token}\t{worker}\t{ts(acquired)}\t{expires}"
+            f"\t{released}\t{outcome}"
+        )
+
+    def task(self, task_id: int, rows: Rows) -> None:
+        status = self.plan.of(task_id)
+        self.totals[status] += 1
+        workflow, kind = WORKFLOWS[task_id % 10]
+        now = self.plan.now
+        created = self.start + SPAN * task_id / self.plan.n
+        if status in (PENDING, RUNNING):
+            created = now - 1 - 180 * _frac(task_id, 1)
+        started = created + 0.01 + 0.3 * _frac(task_id, 2)
+        finished = started + 0.005 + 1.5 * _frac(task_id, 3)
+        c_at, s_at = ts(created), ts(started)
+        payload_hash = hashlib.sha256(b"%d" % task_id).hexdigest()
+        worker = f"worker:{WORKER.format(1 + task_id % 2, 1000 + task_id % 4)}"
+        steps_key = f'{{"steps": {{"{task_id}": '
+        attempts, token = 0, 0
+        step_status, result, error, error_class = status, NULL, "", ""
+        available = dispatched = c_at
+        step_started = step_finished = lease_expires = NULL
+        task_finished = NULL
+        updated = c_at
+        gate = GATES[task_id % 2]
+        if status == WAITING:
+            workflow, kind = gate[0], gate[1]
+            available = dispatched = NULL
+        elif status == DEAD and task_id % 10 < 8:
+            workflow, kind = "demo.flaky", "flaky"
+        payload = f'{{"n": {task_id}, "customer": "c-{task_id % 1000}"}}'
+        self.event(
+            rows,
+            task_id,
+            "enqueued",
+            "api",
+            c_at,
+            f'{{"workflow": "{workflow}", "version": 1, "queue": "default", '
+            f'"payload_hash": "{payload_hash}", "steps": {{"{task_id}": ["pending", 0, 0]}}}}',
+            step=False,
+        )
+        if status == SUCCEEDED:
+            claims = 2 if kind == "flaky" and task_id % 100 < 10 else 1
+            claim_at = started
+            for claim in range(1, claims + 1):
+                c = ts(claim_at)
+                self.event(
+                    rows,
+                    task_id,
+                    "claimed",
+                    worker,
+                    c,
+                    f'{steps_key}["running", {claim}, {claim}]}}, "token": {claim}, '
+                    f'"attempt": {claim}, "lease_seconds": {LEASE_SECONDS}}}',
+                )
+                if claim < claims:
+                    failed_at = claim_at + 0.01
+                    self.lease(rows, task_id, claim, claim_at, ts(failed_at), "failed")
+                    self.event(
+                        rows,
+                        task_id,
+                        "retry_scheduled",
+                        worker,
+                        ts(failed_at),
+                        f'{steps_key}["pending", {claim}, {claim}]}}, "token": {claim}, '
+                        f'"error_class": "{ERROR_CLASS}", "error": {ERROR_JSON[claim]}, '
+                        f'"retry_in": 0.2, "task_status": "pending"}}',
+                    )
+                    claim_at = failed_at + 0.2
+                    finished = max(finished, claim_at + 0.01)
+            f_at = ts(finished)
+            self.lease(rows, task_id, claims, claim_at, f_at, "succeeded")
+            self.event(
+                rows,
+                task_id,
+                "succeeded",
+                worker,
+                f_at,
+                f'{steps_key}["succeeded", {claims}, {claims}]}}, "token": {claims}, '
+                '"task_status": "succeeded"}',
+            )
+            attempts = token = claims
+            result = RESULTS[kind]
+            step_started, step_finished = ts(claim_at), f_at
+            task_finished = updated = f_at
+        elif status == CANCELLED:
+            f_at = ts(min(created + 30 + 600 * _frac(task_id, 4), now - 1))
+            self.event(
+                rows,
+                task_id,
+                "cancelled",
+                "alice",
+                f_at,
+                f'{steps_key}["cancelled", 0, 0]}}, "task_status": "cancelled"}}',
+                reason="no longer needed",
+            )
+            step_finished = task_finished = updated = f_at
+        elif status == DEAD:
+            claim_at = started
+            for claim in (1, 2, 3):
+                self.event(
+                    rows,
+                    task_id,
+                    "claimed",
+                    worker,
+                    ts(claim_at),
+                    f'{steps_key}["running", {claim}, {claim}]}}, "token": {claim}, '
+                    f'"attempt": {claim}, "lease_seconds": {LEASE_SECONDS}}}',
+                )
+                failed_at = claim_at + 0.01
+                f_at = ts(failed_at)
+                self.lease(rows, task_id, claim, claim_at, f_at, "failed")
+                last = claim == 3
+                state, retry_in = ("dead", "null") if last else ("pending", "0.2")
+                self.event(
+                    rows,
+                    task_id,
+                    "dead_lettered" if last else "retry_scheduled",
+                    worker,
+                    f_at,
+                    f'{steps_key}["{state}", {claim}, {claim}]}}, "token": {claim}, '
+                    f'"error_class": "{ERROR_CLASS}", "error": {ERROR_JSON[claim]}, '
+                    f'"retry_in": {retry_in}, "task_status": "{state}"}}',
+                    reason="max_attempts" if last else "",
+                )
+                if not last:
+                    claim_at = failed_at + 0.2 * claim
+            attempts = token = 3
+            error, error_class = ERROR_FIELD, ERROR_CLASS
+            step_started, step_finished = ts(claim_at), ts(claim_at + 0.01)
+            task_finished = updated = step_finished
+        elif status == RUNNING:
+            self.lease(rows, task_id, 1, started, NULL, "")
+            self.event(
+                rows,
+                task_id,
+                "claimed",
+                worker,
+                s_at,
+                f'{steps_key}["running", 1, 1]}}, "token": 1, "attempt": 1, '
+                f'"lease_seconds": {LEASE_SECONDS}}}',
+            )
+            attempts = token = 1
+            step_started = updated = s_at
+            lease_expires = ts(started + LEASE_SECONDS)
+        elif status == WAITING:
+            self.approval(rows, task_id, gate, created, started)
+            self.event(
+                rows,
+                task_id,
+                "approval_requested",
+                "system",
+                s_at,
+                f'{steps_key}["waiting_approval", 0, 0]}}, "task_status": "waiting_approval", '
+                f'"request": {self.approval_id}}}',
+            )
+            updated = s_at
+        rows.tasks.append(
+            f"{task_id}\t{workflow}\t1\t{payload}\t{payload_hash}\t\\N\tdefault\t0\t{status}"
+            f"\tapi\t{c_at}\t{updated}\t{task_finished}\t\\N\t\\N"
+        )
+        rows.steps.append(
+            f"{task_id}\t{task_id}\t0\t0\t{kind}\t{step_status}\tdefault\t0\t{attempts}\t3"
+            f"\t{available}\ttask-{task_id}:0:{kind}\t{token}\t{lease_expires}\t{dispatched}"
+            f"\t{result}\t{error}\t{error_class}\t{step_started}\t{step_finished}\t\\N"
+        )
+
+    def approval(
+        self, rows: Rows, task_id: int, gate: tuple[Any, ...], created: float, opened: float
+    ) -> None:
+        workflow, _kind, action, draft_step, send_back, hours, on_expiry = gate
+        self.approval_id += 1
+        draft = {"title": f"Article {task_id}", "body": "Draft text.", "revision": 0}
+        draft_hash = hashlib.sha256(json.dumps(draft, sort_keys=True).encode()).hexdigest()
+        summary = f"{action.title()}s the draft of task {task_id} ({workflow})"
+        rows.approvals.append(
+            f"{self.approval_id}\t{task_id}\t{task_id}\t0\tpending\t{action}\t{copy_text(summary)}"
+            f"\t{jtext(draft)}\t{draft_hash}\t{draft_step}\t{send_back}\teditors\t[]\t{on_expiry}"
+            f"\tapi\t{ts(opened)}\t{ts(opened + hours * 3600)}\t\t\\N\t\t\\N\t\\N"
+        )
+
+
+COLUMNS = {
+    "tasks_app_task": "id, workflow, workflow_version, payload, payload_hash, idempotency_key,"
+    " queue, priority, status, created_by, created_at, updated_at, finished_at,"
+    " cancel_requested_at, created_by_user_id",
+    "tasks_app_step": "id, task_id, position, revision, kind, status, queue, priority, attempts,"
+    " max_attempts, available_at, idempotency_key, fencing_token, lease_expires_at,"
+    " dispatched_at, result, last_error, error_class, started_at, finished_at, change_request",
+    "tasks_app_lease": "id, step_id, token, worker_id, acquired_at, expires_at, released_at,"
+    " outcome",
+    "tasks_app_event": "id, task_id, step_id, kind, actor, actor_user_id, reason, data, created_at",
+    "approvals_approvalrequest": "id, task_id, step_id, revision, status, action, summary, draft,"
+    " draft_hash, draft_step, send_back_to, approver_group, approver_users, on_expiry,"
+    " requested_by, created_at, expires_at, decided_by, decided_at, comment,"
+    " decided_by_user_id, requested_by_user_id",
+}
+FIELDS = {
+    "tasks_app_task": "tasks",
+    "tasks_app_step": "steps",
+    "tasks_app_lease": "leases",
+    "tasks_app_event": "events",
+    "approvals_approvalrequest": "approvals",
+}
+
+
+def migrate(python: str, env: dict[str, str], dsn: str) -> float:
+    began = time.monotonic()
+    done = subprocess.run(  # noqa: S603
+        [python, "manage.py", "migrate", "--noinput"],
+        cwd=ROOT,
+        env={**env, "DATABASE_URL": dsn},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"migrate failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return time.monotonic() - began
+
+
+def load(dsn: str, n: int, *, seed: int = 1) -> dict[str, Any]:
+    """Fill a migrated database with ``n`` tasks; return what was written and how long it
+    took. The tables written must be empty of anything worth keeping: they are truncated."""
+    began = time.monotonic()
+    the_plan = plan(n, seed, time.time())
+    gen = Generator(the_plan)
+    tables = list(COLUMNS)
+    written: Counter[str] = Counter()
+    with tempfile.TemporaryDirectory(prefix="bench-console-data-") as folder:
+        # One connection runs one COPY at a time: the rows are generated in one pass and
+        # spooled to a file per table, then each file is copied in.
+        spools = {table: Path(folder, f"{table}.copy") for table in tables}
+        files = {table: path.open("w", buffering=1 << 20) for table, path in spools.items()}
+        try:
+            for rows in gen.chunks():
+                for table in tables:
+                    lines: list[str] = getattr(rows, FIELDS[table])
+                    if lines:
+                        files[table].write("\n".join(lines) + "\n")
+                        written[table] += len(lines)
+        finally:
+            for handle in files.values():
+                handle.close()
+        generated = time.monotonic() - began
+        with psycopg.connect(dsn, connect_timeout=10) as conn, conn.cursor() as cur:
+            cur.execute("SET synchronous_commit = off")
+            # COPY FREEZE wants its table truncated in the same transaction.
+            cur.execute("TRUNCATE " + ", ".join(tables) + " CASCADE")
+            for table in tables:
+                sql = f"COPY {table} ({COLUMNS[table]}) FROM STDIN WITH (FREEZE)"
+                with cur.copy(sql) as cp, spools[table].open("rb") as source:
+                    while block := source.read(1 << 20):
+                        cp.write(block)
+                # The identity sequence past the rows, so later inserts work.
+                cur.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"  # noqa: S608 (a table of COLUMNS)
+                    f" coalesce(max(id), 0) + 1, false) FROM {table}"
+                )
+            conn.commit()
+        copied = time.monotonic() - began - generated
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        vacuum_began = time.monotonic()
+        conn.execute("VACUUM (ANALYZE)")
+        vacuumed = time.monotonic() - vacuum_began
+        check(conn, the_plan, written)
+        size = int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])  # type: ignore[index]
+    return {
+        "tasks": n,
+        "by_status": the_plan.counts(),
+        "rows": dict(written),
+        "generate_s": generated,
+        "copy_s": copied,
+        "vacuum_analyze_s": vacuumed,
+        "database_mib": size / 1024 / 1024,
+        "now": ts(the_plan.now),
+    }
+
+
+def check(conn: psycopg.Connection[Any], the_plan: Plan, written: Counter[str]) -> None:
+    """The loaded rows against the plan: every table's count, the tasks per status."""
+    problems = []
+    for table, count in written.items():
+        sql = f"SELECT count(*) FROM {table}"  # noqa: S608 (a table of COLUMNS)
+        found = conn.execute(sql).fetchone()[0]  # type: ignore[index]
+        if found != count:
+            problems.append(f"{table}: {found} rows, wrote {count}")
+    rows = conn.execute("SELECT status, count(*) FROM tasks_app_task GROUP BY status").fetchall()
+    by_status = {str(status): int(count) for status, count in rows}
+    if by_status != the_plan.counts():
+        problems.append(f"tasks per status {by_status}, planned {the_plan.counts()}")
+    steps = conn.execute(
+        "SELECT count(*) FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id"
+        " WHERE s.status <> t.status"
+    ).fetchone()[0]  # type: ignore[index]
+    if steps:
+        problems.append(f"{steps} steps whose status differs from their task's")
+    if problems:
+        raise RuntimeError("the console data did not load as planned: " + "; ".join(problems))
