@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -158,3 +158,44 @@ class Worker:
                 os.killpg(self.pid, signal.SIGKILL)
         self.process.wait()
         self._log.close()
+
+
+@contextlib.contextmanager
+def worker_on_test_database(
+    folder: Path,
+    remotes: tuple[Any, Any],
+    *,
+    what: str,
+    env: Mapping[str, str] | None = None,
+    **settings_env: str,
+) -> Iterator[Worker]:
+    """A prefork worker with beat (so the sweeper runs), on the PostgreSQL test database
+    and this run's Redis keys, calling ``remotes`` (publishing, mail); ready when yielded,
+    stopped after. ``settings_env`` adds environment settings (``TASKS_LEASE_SECONDS``)."""
+    from django.conf import settings
+    from django.db import connection
+
+    if connection.vendor != "postgresql" or not settings.REDIS_URL:
+        raise AssertionError(f"{what} need PostgreSQL and Redis: run `make test`")
+    worker_env = {
+        **(os.environ if env is None else env),
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "REDIS_URL": settings.REDIS_URL,
+        "TASKS_BROKER_PREFIX": os.environ.get("TASKS_BROKER_PREFIX", ""),
+        # A busy sweeper: due steps are rung again (duplicate doorbells) after a second.
+        "TASKS_SWEEP_SECONDS": "1",
+        "TASKS_REDISPATCH_SECONDS": "1",
+        # Beat's schedule file goes here; the folder does not exist yet (settings make it).
+        "TASKS_VAR_DIR": str(folder / "var"),
+        "PUBLISH_URL": remotes[0].url,
+        "MAIL_URL": remotes[1].url,
+        **settings_env,
+    }
+    process = Worker(
+        ["-c", "2", "-B", "--loglevel=INFO"], env=worker_env, log_path=folder / "worker.log"
+    )
+    try:
+        process.wait_ready(timeout=60)
+        yield process
+    finally:
+        process.stop()

@@ -14,9 +14,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connection
 
 from approvals import services as approvals
 from tasks_app import services
@@ -24,7 +22,7 @@ from tasks_app.dispatch import Doorbell, publish
 from tasks_app.models import Event, Lease, Step, Task, TaskStatus
 
 from .approval_support import ARTICLE, pending_request
-from .e2e_support import Worker, database_url, wait_for
+from .e2e_support import Worker, wait_for, worker_on_test_database
 from .remotes import LoopbackRemote, loopback_remotes
 
 pytestmark = [
@@ -53,30 +51,14 @@ def worker(
     module_remotes: tuple[LoopbackRemote, LoopbackRemote],
 ) -> Iterator[Worker]:
     """One worker for the module, on the test database and this run's broker keys."""
-    if connection.vendor != "postgresql" or not settings.REDIS_URL:
-        pytest.fail("the Celery end-to-end tests need PostgreSQL and Redis: run `make test`")
-    folder = tmp_path_factory.mktemp("e2e-celery")
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(connection.settings_dict),
-        "REDIS_URL": settings.REDIS_URL,
-        "TASKS_BROKER_PREFIX": os.environ.get("TASKS_BROKER_PREFIX", ""),
-        # Short leases and a busy sweeper: a lost worker's step comes back in seconds, and
-        # due steps are rung again (duplicate doorbells) after a second.
-        "TASKS_LEASE_SECONDS": str(LEASE_SECONDS),
-        "TASKS_SWEEP_SECONDS": "1",
-        "TASKS_REDISPATCH_SECONDS": "1",
-        # Beat's schedule file goes here; the folder does not exist yet (settings make it).
-        "TASKS_VAR_DIR": str(folder / "var"),
-        "PUBLISH_URL": module_remotes[0].url,
-        "MAIL_URL": module_remotes[1].url,
-    }
-    process = Worker(["-c", "2", "-B", "--loglevel=INFO"], env=env, log_path=folder / "worker.log")
-    try:
-        process.wait_ready(timeout=60)
+    # Short leases: a lost worker's step comes back in seconds.
+    with worker_on_test_database(
+        tmp_path_factory.mktemp("e2e-celery"),
+        module_remotes,
+        what="the Celery end-to-end tests",
+        TASKS_LEASE_SECONDS=str(LEASE_SECONDS),
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def settle(task: Task, worker: Worker, timeout: float = 60) -> Task:

@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
-from django.db import connection
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
-from tests.e2e_support import Worker, database_url
+from tests.e2e_support import Worker, worker_on_test_database
 from tests.remotes import LoopbackRemote, loopback_remotes
 
 from .support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, VIEWPORT
@@ -87,26 +85,13 @@ def worker(
     module_remotes: tuple[LoopbackRemote, LoopbackRemote],
 ) -> Iterator[Worker]:
     """One worker (with beat, so the sweeper runs) for the module."""
-    if connection.vendor != "postgresql" or not settings.REDIS_URL:
-        pytest.fail("the browser tests need PostgreSQL and Redis: run `make test`")
-    folder = tmp_path_factory.mktemp("browser-worker")
     # The worker keeps Django's async-safety check (see ``browser``), whichever fixture
     # started first.
     inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
-    env = {
-        **inherited,
-        "DATABASE_URL": database_url(connection.settings_dict),
-        "REDIS_URL": settings.REDIS_URL,
-        "TASKS_BROKER_PREFIX": os.environ.get("TASKS_BROKER_PREFIX", ""),
-        "TASKS_SWEEP_SECONDS": "1",
-        "TASKS_REDISPATCH_SECONDS": "1",
-        "TASKS_VAR_DIR": str(folder / "var"),
-        "PUBLISH_URL": module_remotes[0].url,
-        "MAIL_URL": module_remotes[1].url,
-    }
-    process = Worker(["-c", "2", "-B", "--loglevel=INFO"], env=env, log_path=folder / "worker.log")
-    try:
-        process.wait_ready(timeout=60)
+    with worker_on_test_database(
+        tmp_path_factory.mktemp("browser-worker"),
+        module_remotes,
+        what="the browser tests",
+        env=inherited,
+    ) as process:
         yield process
-    finally:
-        process.stop()
