@@ -27,6 +27,7 @@ from . import services
 from .dispatch import Doorbell, ring_on_commit
 from .models import Step, StepStatus, Task, TaskStatus
 from .services import Claim
+from .signals import announce_on_commit
 
 if TYPE_CHECKING:
     from .services import PreparedItem
@@ -164,6 +165,8 @@ WITH input AS (
 SELECT 'done', id, '' FROM done
 UNION ALL
 SELECT 'next', id, queue FROM nxt
+UNION ALL
+SELECT 'settled', id, status FROM settled WHERE status IN ('succeeded', 'cancelled')
 """
 
 
@@ -264,6 +267,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
         rows = cursor.fetchall()
         accepted = {pk for what, pk, _ in rows if what == "done"}
         ring_on_commit([Doorbell(pk, queue) for what, pk, queue in rows if what == "next"])
+        announce_on_commit((pk, status) for what, pk, status in rows if what == "settled")
     for claim, _ in done:
         if claim.step_id not in accepted:
             services.reject_stale(claim, "complete")

@@ -48,7 +48,7 @@ from .models import (
     Task,
     TaskStatus,
 )
-from .signals import steps_cancelled
+from .signals import announce_on_commit, steps_cancelled
 from .workflows import AwaitDecision, StepContext, Workflow, registry
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,8 @@ def _settle_task(task: Task, steps: Sequence[Step] | None = None) -> str:
     )
     finished = timezone.now() if status in TERMINAL_TASK_STATUSES | {TaskStatus.DEAD} else None
     if status != task.status or (finished is None and task.finished_at is not None):
+        if status != task.status:
+            announce_on_commit([(task.pk, status)])
         task.status = status
         task.finished_at = finished
         task.save(update_fields=["status", "finished_at", "updated_at"])
