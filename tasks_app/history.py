@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .models import StepStatus, TaskStatus
 
@@ -67,13 +67,21 @@ class TaskState:
 
 def fold(task: Task) -> TaskState:
     """The state a task's event history says it is in."""
-    from .models import Event, EventKind
+    from .models import Event
+
+    return fold_events(Event.objects.for_task(task.pk).values_list("kind", "data"))
+
+
+def fold_events(events: Iterable[tuple[str, dict[str, Any] | None]]) -> TaskState:
+    """The state given by a task's ``(kind, data)`` events, oldest first (for callers that
+    read many tasks' events at once, such as the invariant checker)."""
+    from .models import EventKind
 
     steps: dict[int, StepState] = {}
     cancel_requested = False
-    for kind, data in Event.objects.for_task(task.pk).values_list("kind", "data"):
+    for kind, data in events:
         cancel_requested = cancel_requested or kind == EventKind.CANCEL_REQUESTED
-        for step_id, (status, attempts, token) in (data.get("steps") or {}).items():
+        for step_id, (status, attempts, token) in ((data or {}).get("steps") or {}).items():
             steps[int(step_id)] = StepState(status, attempts, token)
     status = derive_task_status(
         (state.status for state in steps.values()), cancel_requested=cancel_requested

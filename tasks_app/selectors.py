@@ -9,7 +9,7 @@ a total count.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -403,6 +403,35 @@ def dead_tasks(filters: DeadFilter) -> QuerySet[Task]:
             )
         )
     return queryset
+
+
+def operator_targets(
+    *,
+    statuses: Collection[str],
+    ids: Collection[int] = (),
+    workflow: str = "",
+    queue: str = "",
+    error_class: str = "",
+    created_before: datetime | None = None,
+) -> QuerySet[Task]:
+    """Tasks an operator command acts on, oldest first: those in ``statuses`` (and not
+    already being cancelled), narrowed to ``ids`` when given, by the dead letters' filters
+    (``error_class`` is that of a dead step, as in :func:`dead_tasks`), and to those
+    created before ``created_before``."""
+    queryset = _matching(
+        Task.objects.filter(status__in=list(statuses), cancel_requested_at=None),
+        workflow=workflow,
+        queue=queue,
+    )
+    if ids:
+        queryset = queryset.filter(pk__in=list(ids))
+    if error_class:
+        queryset = queryset.filter(
+            pk__in=dead_tasks(DeadFilter(error_class=error_class)).values("pk")
+        )
+    if created_before is not None:
+        queryset = queryset.filter(created_at__lt=created_before)
+    return queryset.order_by("id")
 
 
 def dead_letter_page(filters: DeadFilter, *, after: int | None) -> Page[Step]:

@@ -121,6 +121,12 @@ def _event(
     )
 
 
+def event_error(text: str) -> str:
+    """An error as its event keeps it: the end of a long traceback, where the exception
+    and its message are."""
+    return text if len(text) <= 2000 else "…" + text[-1999:]
+
+
 def bump_counter(name: str, by: int = 1) -> None:
     """Add to a metrics counter in its own transaction."""
     if by <= 0:
@@ -642,7 +648,7 @@ def _open_gate(task: Task, step: Step, *, actor: Actor, reason: str = "") -> Non
             reason="permanent_error",
             steps=[step],
             error_class=step.error_class,
-            error=step.last_error[:2000],
+            error=event_error(step.last_error),
             task_status=status,
         )
         return
@@ -776,7 +782,7 @@ def fail_step(
                 steps=[step],
                 token=claim.token,
                 error_class=step.error_class,
-                error=step.last_error[:2000],
+                error=event_error(step.last_error),
                 retry_in=retry_in if kind == EventKind.RETRY_SCHEDULED else None,
                 task_status=status,
             )
@@ -1325,14 +1331,17 @@ BULK_ACTIONS: dict[str, tuple[str, Callable[..., Task]]] = {
 }
 
 
-def act_on_dead(
+def act_on_tasks(
     tasks: Iterable[Task], *, action: str, actor: Actor, reason: str, limit: int
 ) -> BulkReport:
-    """Apply one operator action to each of ``tasks`` (at most ``limit``), each in its own
-    transaction with its own Event, as if done one by one.
+    """Apply one operator action (redrive, resolve, cancel) to each of ``tasks`` (at most
+    ``limit``), each in its own transaction with its own Event, as if done one by one: the
+    console's bulk form on dead letters and the management commands both come here.
 
-    The permission, the reason and the limit are checked before anything changes; a task
-    that meanwhile left the dead state is skipped and reported, not an error for the rest.
+    The action, the permission, the reason and the limit are checked before anything
+    changes (given no tasks, that check is all it does); a task the action does not apply
+    to (not dead, already finished, or changed by someone else meanwhile) is skipped and
+    reported, not an error for the rest.
     """
     if action not in BULK_ACTIONS:
         raise InvalidInput("action", "choice", f"action: one of {', '.join(BULK_ACTIONS)}")
@@ -1357,3 +1366,7 @@ def act_on_dead(
         else:
             changed.append(task.pk)
     return BulkReport(action, changed, skipped, limited)
+
+
+# The name the console's dead-letters view calls it by.
+act_on_dead = act_on_tasks

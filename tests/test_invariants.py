@@ -1,0 +1,333 @@
+"""The invariant checker finds each kind of corruption made on purpose (rows edited behind
+the services' back with raw SQL) and nothing on a healthy database; ``check_invariants``
+prints one line per finding and exits 1 when there is any, 0 otherwise."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from approvals import services as approvals
+from approvals.models import ApprovalRequest
+from tasks_app import invariants, runner, services
+from tasks_app.models import Effect, Step, Task, TaskStatus
+from tests.approval_support import advance, article, pending_request
+from tests.conftest import backdate, only_step
+from tests.console_support import dead_task
+from tests.remotes import LoopbackRemote
+
+
+def sql(statement: str, *params: Any) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def ago(table: str, column: str, age: str, pk: int) -> None:
+    """Set a row's timestamp ``age`` (an SQL interval) before the database's clock."""
+    sql(
+        f"UPDATE {table} SET {column} = statement_timestamp() - %s::interval WHERE id = %s", age, pk
+    )
+
+
+def check(*args: str) -> tuple[int, list[str]]:
+    """Run ``check_invariants``: its exit status and its lines on stdout."""
+    out = StringIO()
+    try:
+        call_command("check_invariants", *args, stdout=out, stderr=StringIO())
+    except CommandError as exc:
+        assert "\n" not in str(exc)
+        return exc.returncode, out.getvalue().splitlines()
+    return 0, out.getvalue().splitlines()
+
+
+def assert_clean(*args: str, tasks: int, scope: str = r"since \S+") -> None:
+    status, lines = check(*args)
+    assert status == 0, lines
+    [line] = lines
+    assert re.fullmatch(rf"ok: no findings; {tasks} task\(s\) folded \({scope}\)", line), line
+
+
+def findings(*args: str) -> list[str]:
+    status, lines = check(*args)
+    assert status == 1, lines
+    return lines
+
+
+def noop(key: str | None = None) -> Task:
+    return services.enqueue("demo.noop", {}, idempotency_key=key, actor="cli:producer").task
+
+
+def succeeded(key: str | None = None) -> Task:
+    task = noop(key)
+    runner.run_task_steps(task)
+    task.refresh_from_db()
+    assert task.status == TaskStatus.SUCCEEDED
+    return task
+
+
+def running(task: Task) -> Step:
+    step = only_step(task)
+    backdate(step)
+    assert services.claim_step(step.pk, worker_id="w1") is not None
+    step.refresh_from_db()
+    return step
+
+
+def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[Task]:
+    """Tasks in every state the services reach, each by the services alone."""
+    done = succeeded()
+    dead = dead_task()
+    redriven = dead_task()
+    services.redrive(redriven, actor="cli:ann", reason="again")
+    resolved = dead_task({"error": "outcome_unknown", "fail_first": 1})
+    services.resolve(resolved, actor="cli:ann", reason="it happened", outcome="done")
+    cancelled = noop()
+    services.cancel(cancelled, actor="cli:ann", reason="not needed")
+    retrying = services.enqueue("demo.flaky", {"fail_first": 2}).task
+    step = only_step(retrying)
+    backdate(step)
+    assert runner.run_claimed(step.pk)
+    claimed = noop()
+    running(claimed)
+    waiting = advance(article(key="publish:waiting"))
+    revised = advance(article(key="publish:revised"))
+    approvals.request_changes(pending_request(revised), actor="cli:editor", comment="shorter")
+    advance(revised)
+    published = advance(article(key="publish:published"))
+    approvals.approve(pending_request(published), actor="cli:editor")
+    advance(published)
+    assert Effect.objects.filter(status=Effect.Status.DONE).exists()
+    return [
+        done, dead, redriven, resolved, cancelled, retrying, claimed, waiting, revised, published,
+    ]  # fmt: skip
+
+
+# --- a healthy database ---------------------------------------------------------------------------
+
+
+def test_a_healthy_database_has_no_findings(
+    db: None, remotes: tuple[LoopbackRemote, LoopbackRemote]
+) -> None:
+    tasks = a_bit_of_everything(remotes)
+
+    assert_clean(tasks=len(tasks))
+    assert_clean("--all", tasks=len(tasks), scope="all tasks")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_healthy_database_has_no_findings_read_in_snapshots() -> None:
+    # Outside a test transaction each batch is read in a snapshot of its own.
+    succeeded(), dead_task(), noop()
+
+    assert_clean(tasks=3)
+    report = invariants.check(batch_size=2)
+    assert (report.ok, report.tasks_checked) == (True, 3)
+
+
+# --- corruption, each kind ------------------------------------------------------------------------
+
+
+@pytest.mark.no_fold_check
+def test_it_finds_a_task_status_edited_without_an_event(db: None) -> None:
+    task = noop()
+    sql("UPDATE tasks_app_task SET status = 'succeeded' WHERE id = %s", task.pk)
+
+    assert findings() == [
+        f"history: task {task.pk}: stored state differs from its events: "
+        "status succeeded (events say pending)"
+    ]
+
+
+@pytest.mark.no_fold_check
+def test_it_finds_a_step_edited_without_an_event(db: None) -> None:
+    task = succeeded()
+    step = only_step(task)
+    sql("UPDATE tasks_app_step SET attempts = 7 WHERE id = %s", step.pk)
+
+    assert findings() == [
+        f"history: task {task.pk}: stored state differs from its events: "
+        f"step {step.pk} succeeded/7/1 (events say succeeded/1/1)"
+    ]
+
+
+@pytest.mark.no_fold_check
+def test_it_finds_a_dead_step_without_its_dead_lettered_event(db: None) -> None:
+    task = noop()
+    step = only_step(task)
+    sql("UPDATE tasks_app_step SET status = 'dead' WHERE id = %s", step.pk)
+    sql("UPDATE tasks_app_task SET status = 'dead' WHERE id = %s", task.pk)
+
+    lines = findings()
+
+    assert (
+        f"dead_letter: task {task.pk}: step {step.pk} is dead without its dead_lettered event"
+        in lines
+    )
+    assert any(line.startswith(f"history: task {task.pk}:") for line in lines)
+
+
+@pytest.mark.no_fold_check
+def test_a_step_dead_again_after_a_redrive_needs_a_new_dead_lettered_event(db: None) -> None:
+    task = dead_task()
+    services.redrive(task, actor="cli:ann", reason="again")
+    step = only_step(task)
+    sql("UPDATE tasks_app_step SET status = 'dead', attempts = 0 WHERE id = %s", step.pk)
+    sql("UPDATE tasks_app_task SET status = 'dead' WHERE id = %s", task.pk)
+
+    assert (
+        f"dead_letter: task {task.pk}: step {step.pk} is dead without its dead_lettered event"
+        in (findings())
+    )
+
+
+def test_it_finds_a_step_running_past_its_lease(db: None, settings: Any) -> None:
+    settings.TASKS_SWEEP_SECONDS = 5
+    late, in_grace, healthy = noop(), noop(), noop()
+    step = running(late)
+    ago("tasks_app_step", "lease_expires_at", "1 hour", step.pk)
+    # Within the sweeper's grace (twice its interval): not a finding yet.
+    ago("tasks_app_step", "lease_expires_at", "5 seconds", running(in_grace).pk)
+    running(healthy)
+
+    [line] = findings()
+
+    assert line.startswith(
+        f"lease: task {late.pk}: step {step.pk} is running on a lease that expired at "
+    )
+    assert line.endswith("(token 1); the sweeper reaps those within 0:00:10")
+
+
+def test_it_finds_a_step_running_without_a_lease(db: None) -> None:
+    task = noop()
+    step = running(task)
+    sql("UPDATE tasks_app_step SET lease_expires_at = NULL WHERE id = %s", step.pk)
+
+    assert findings() == [
+        f"lease: task {task.pk}: step {step.pk} is running without a lease (token 1)"
+    ]
+
+
+def _effect(step: Step, name: str, age: str) -> None:
+    sql(
+        "INSERT INTO tasks_app_effect (key, step_id, token, status, created_at) "
+        f"VALUES (%s, %s, %s, 'started', statement_timestamp() - interval '{age}')",
+        f"{step.idempotency_key}:{name}",
+        step.pk,
+        step.fencing_token,
+    )
+
+
+def test_it_finds_an_effect_started_long_ago_that_nothing_will_settle(
+    db: None, settings: Any
+) -> None:
+    settings.TASKS_LEASE_SECONDS = 30
+    task = succeeded("cmd:effect")
+    step = only_step(task)
+    _effect(step, "orphan", "1 hour")
+    _effect(step, "recent", "5 seconds")
+    # A dead step's unknown outcome waits for a person: that is what dead letters are for.
+    _effect(only_step(dead_task()), "unknown", "1 hour")
+    # The next attempt of a pending step calls again with the same key, or dead-letters.
+    _effect(only_step(noop()), "next-attempt", "1 hour")
+
+    [line] = findings()
+
+    assert line.startswith(f"effect: task {task.pk}: effect cmd:effect:0:noop:orphan started at ")
+    assert line.endswith(
+        f"and its step {step.pk} is succeeded: nothing will settle whether it happened"
+    )
+
+
+def test_it_finds_a_pending_approval_past_its_expiry(db: None, settings: Any) -> None:
+    settings.TASKS_SWEEP_SECONDS = 5
+    overdue = pending_request(advance(article(key="publish:overdue")))
+    in_grace = pending_request(advance(article(key="publish:in-grace")))
+    pending_request(advance(article(key="publish:fresh")))
+    ago("approvals_approvalrequest", "expires_at", "1 hour", overdue.pk)
+    ago("approvals_approvalrequest", "expires_at", "5 seconds", in_grace.pk)
+
+    [line] = findings()
+
+    assert line.startswith(
+        f"approval: task {overdue.task_id}: approval request {overdue.pk} (step {overdue.step_id})"
+        " is pending past its expiry at "
+    )
+    assert ApprovalRequest.objects.get(pk=overdue.pk).status == "pending"
+
+
+# --- scope ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.no_fold_check
+def test_finished_history_is_checked_within_the_window_or_all(db: None) -> None:
+    old = succeeded()
+    sql(
+        "UPDATE tasks_app_task SET created_at = statement_timestamp() - interval '3 days', "
+        "finished_at = statement_timestamp() - interval '3 days' WHERE id = %s",
+        old.pk,
+    )
+    sql("UPDATE tasks_app_step SET attempts = 5 WHERE task_id = %s", old.pk)
+    recent = succeeded()
+
+    assert check()[0] == 0
+    assert check("--since", "2d")[0] == 0
+    for scope in (["--all"], ["--since", "4d"], ["--since", "2000-01-01T00:00:00+00:00"]):
+        [line] = findings(*scope)
+        assert line.startswith(f"history: task {old.pk}:")
+    report = invariants.check(since=None, batch_size=1)
+    assert report.tasks_checked == 2
+    assert [finding.task_id for finding in report.findings] == [old.pk]
+    assert recent.pk not in {finding.task_id for finding in report.findings}
+
+
+@pytest.mark.no_fold_check
+def test_active_tasks_are_checked_however_old(db: None) -> None:
+    task = dead_task()
+    ago("tasks_app_task", "created_at", "30 days", task.pk)
+    sql("UPDATE tasks_app_step SET attempts = 2 WHERE task_id = %s", task.pk)
+
+    [line] = findings()
+
+    assert line.startswith(f"history: task {task.pk}:")
+
+
+@pytest.mark.no_fold_check
+def test_findings_come_one_line_each_in_task_order_in_batches(db: None) -> None:
+    tasks = [noop() for _ in range(5)]
+    for task in (tasks[4], tasks[1]):
+        sql("UPDATE tasks_app_step SET attempts = 3 WHERE task_id = %s", task.pk)
+
+    report = invariants.check(batch_size=2)
+
+    assert report.tasks_checked == 5
+    assert [(f.check, f.task_id) for f in report.findings] == [
+        ("history", tasks[1].pk),
+        ("history", tasks[4].pk),
+    ]
+    assert findings() == [str(finding) for finding in report.findings]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--since", "yesterday"], "since: a duration"),
+        (["--since", "2030-01-01T00:00:00"], "since: a time needs a time zone"),
+        (["--since", "1d", "--all"], "not allowed with argument"),
+    ],
+)
+def test_check_invariants_refuses_bad_input(db: None, args: list[str], field: str) -> None:
+    status, _ = check(*args)
+    assert status == 2
+    with pytest.raises(CommandError, match=field):
+        call_command("check_invariants", *args, stdout=StringIO(), stderr=StringIO())
+
+
+def test_the_grace_is_twice_the_sweep_interval(settings: Any) -> None:
+    settings.TASKS_SWEEP_SECONDS = 7
+    assert invariants.sweep_grace() == timedelta(seconds=14)
