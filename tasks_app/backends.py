@@ -3,28 +3,43 @@
 With ``TASKS = {"default": {"BACKEND": "tasks_app.backends.DurableBackend"}}`` any
 ``@task`` function enqueues a task of the ``django.task`` workflow; the worker imports the
 function by the module path stored in the payload and calls it with the stored arguments.
-Retries, leases, events, cancel and redrive work as for any other task.
+Retries, leases, events, cancel and redrive work as for any other task. How it maps onto
+Django's API, and where it differs from Django's own backends, is in
+``docs/django-tasks.md``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any, cast
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core import checks
+from django.db import transaction
+from django.dispatch import Signal
 from django.tasks import Task as DjangoTask
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import services
-from .exceptions import InvalidInput, PermanentError
+from . import services, validation
+from .exceptions import InvalidInput, InvalidPayload, PermanentError
 from .models import Event, EventKind, Lease, Step, Task, TaskStatus
+from .signals import task_cancelled, task_dead_lettered, task_succeeded
 from .workflows import StepContext, StepSpec, Workflow, register
 
+logger = logging.getLogger(__name__)
+
 WORKFLOW = "django.task"
+ACTOR = "django.tasks"
 
 STATUS = {
     TaskStatus.PENDING: TaskResultStatus.READY,
@@ -34,6 +49,41 @@ STATUS = {
     TaskStatus.DEAD: TaskResultStatus.FAILED,
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
+
+# A result id is a task's primary key (a bigint).
+MAX_ID_DIGITS = 18
+
+
+# --- the errors a TaskResult can name, besides what the function raised ----------------------
+
+
+class FunctionMissing(PermanentError, ImportError):
+    """The worker could not import the task's function: retrying cannot help."""
+
+
+class InvalidReturnValue(PermanentError, TypeError):
+    """The function returned something that is not a JSON value: retrying cannot help."""
+
+
+class TaskExited(Exception):
+    """The function raised ``SystemExit`` (or another ``BaseException``): a failed
+    attempt, not the end of the worker process."""
+
+
+class LeaseExpired(Exception):
+    """The worker running an attempt stopped renewing its lease (it died or hung)."""
+
+
+class TaskCancelled(Exception):
+    """A person (or a command) cancelled the task."""
+
+
+class WorkerRefused(Exception):
+    """The worker would not run the step: its workflow version or step kind is not
+    registered there, or its result could not be stored."""
+
+
+# --- the backend --------------------------------------------------------------------------------
 
 
 class DurableBackend(BaseTaskBackend):
@@ -47,8 +97,97 @@ class DurableBackend(BaseTaskBackend):
         # The queues are the task system's own.
         self.queues = set(params.get("QUEUES", settings.TASKS_QUEUES))
 
-    def enqueue(self, task: DjangoTask, args: list[Any], kwargs: dict[str, Any]) -> TaskResult:
+    def validate_task(self, task: DjangoTask[..., Any]) -> None:
+        """Django's rules, plus what a worker in another process needs: a function it can
+        import by its module path, and a ``run_after`` it can compare with its clock.
+
+        Called when a task is declared and on every ``using()``, so a function no worker
+        could import is refused where it is written. Whether the path really names this
+        task is checked at enqueue (while its module is still importing, it cannot be).
+        """
+        super().validate_task(task)
+        func = task.func
+        if func.__module__ in (None, "__main__"):
+            raise InvalidTask(
+                "Task function must be defined in an importable module, not in __main__ "
+                "(a script or a shell): the worker imports it by its module path."
+            )
+        if "." in func.__qualname__ or "<" in func.__qualname__:
+            raise InvalidTask(
+                f"Task function {func.__qualname__!r} must be a plain function at the top "
+                "level of its module (not a method, lambda or nested function): the worker "
+                "imports it by its module path."
+            )
+        # Django checks this only with USE_TZ; the core compares with the database's clock.
+        if task.run_after is not None and timezone.is_naive(task.run_after):
+            raise InvalidTask("run_after must be an aware datetime.")
+
+    def enqueue[**P, R](
+        self,
+        task: DjangoTask[P, R],
+        args: Any,
+        kwargs: Any,
+        *,
+        idempotency_key: str | None = None,
+    ) -> TaskResult[P, R]:
+        """Store the task in the caller's transaction; the worker is rung, and
+        ``task_enqueued`` sent, once it commits (at once in autocommit).
+
+        With ``idempotency_key`` (see :func:`enqueue_once`), the task that key already
+        names is returned if its function and arguments are the same, and
+        ``IdempotencyConflict`` is raised if they differ.
+        """
         self.validate_task(task)
+        _check_importable(task)
+        key = validation.validate_idempotency_key(idempotency_key)
+        payload = self._payload(task, args, kwargs)
+        try:
+            outcome = services.enqueue(
+                WORKFLOW,
+                payload,
+                idempotency_key=key,
+                queue=task.queue_name,
+                # Django accepts a whole float (5.0); the core stores an integer.
+                priority=int(task.priority),
+                run_after=task.run_after,
+                actor=ACTOR,
+            )
+        except InvalidInput as exc:
+            raise InvalidTask(str(exc)) from exc
+        if not outcome.created:
+            # Nothing new was enqueued: the task the key names, as it is now, no signal.
+            return cast("TaskResult[P, R]", self._result(outcome.task))
+        result = self._result(outcome.task, task=task, fresh=True)
+        transaction.on_commit(lambda: _send(task_enqueued, self, result), robust=True)
+        return cast("TaskResult[P, R]", result)
+
+    def get_result(self, result_id: Any) -> TaskResult[..., Any]:
+        text = str(result_id)
+        if not (text.isascii() and text.isdigit() and len(text) <= MAX_ID_DIGITS):
+            raise TaskResultDoesNotExist(result_id)
+        row = Task.objects.filter(pk=int(text), workflow=WORKFLOW).first()
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        return self._result(row)
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        unknown = sorted(self.queues - set(settings.TASKS_QUEUES))
+        if not unknown:
+            return []
+        return [
+            checks.Error(
+                f"TASKS[{self.alias!r}] names queues the task system does not run: "
+                + ", ".join(unknown),
+                hint="Add them to TASKS_QUEUES, or leave QUEUES out to use TASKS_QUEUES.",
+                obj=self,
+                id="tasks_app.E001",
+            )
+        ]
+
+    def _payload(self, task: DjangoTask[..., Any], args: Any, kwargs: Any) -> dict[str, Any]:
+        """The stored payload; arguments Django's backends refuse raise what they raise
+        (``TypeError`` for a type JSON lacks), and values the core refuses (NaN, keys that
+        are not strings, ``\\u0000``, more than 64 KiB) raise ``InvalidPayload``."""
         try:
             payload = {
                 "func": task.module_path,
@@ -57,91 +196,305 @@ class DurableBackend(BaseTaskBackend):
                 "takes_context": task.takes_context,
                 "backend": self.alias,
             }
-        except (TypeError, ValueError) as exc:
-            raise InvalidTask(f"arguments must be JSON values: {exc}") from None
-        try:
-            result = services.enqueue(
-                WORKFLOW,
-                payload,
-                queue=task.queue_name,
-                priority=task.priority,
-                run_after=task.run_after,
-                actor="django.tasks",
-            )
-        except InvalidInput as exc:
-            raise InvalidTask(str(exc)) from exc
-        return self._result(result.task, task)
+        except RecursionError:
+            raise InvalidPayload(
+                "arguments", "max_depth", f"arguments: nested deeper than {validation.MAX_DEPTH}"
+            ) from None
+        validation.validate_payload(payload, field="arguments")
+        return payload
 
-    def get_result(self, result_id: str) -> TaskResult:
-        try:
-            pk = int(result_id)
-        except (TypeError, ValueError):
-            raise TaskResultDoesNotExist(result_id) from None
-        row = Task.objects.filter(pk=pk, workflow=WORKFLOW).first()
-        if row is None:
-            raise TaskResultDoesNotExist(result_id)
-        return self._result(row, _django_task(row.payload))
-
-    def _result(self, row: Task, task: DjangoTask) -> TaskResult:
-        leases = list(
-            Lease.objects.filter(step__task=row)
-            .order_by("acquired_at")
-            .values_list("worker_id", "acquired_at")
-        )
-        errors = [
-            TaskError(
-                exception_class_path=data.get("error_class", ""), traceback=data.get("error", "")
+    def _result(
+        self, row: Task, task: DjangoTask[..., Any] | None = None, *, fresh: bool = False
+    ) -> TaskResult[..., Any]:
+        """The TaskResult of a stored task; ``fresh`` for one just created (no attempts,
+        no errors: nothing to read)."""
+        payload = row.payload
+        leases: list[tuple[str, Any]] = []
+        errors: list[TaskError] = []
+        step = None
+        if not fresh:
+            step = Step.objects.filter(task=row).order_by("position", "-revision").first()
+            leases = list(
+                Lease.objects.filter(step__task=row)
+                .order_by("acquired_at", "token")
+                .values_list("worker_id", "acquired_at")
             )
-            for data in Event.objects.for_task(row.pk)
-            .filter(kind__in=[EventKind.RETRY_SCHEDULED, EventKind.DEAD_LETTERED])
-            .values_list("data", flat=True)
-            if data.get("error_class")
-        ]
-        result: TaskResult = TaskResult(
-            task=task,
+            errors = _errors(row, step)
+        result: TaskResult[..., Any] = TaskResult(
+            task=task if task is not None else self._stored_task(row),
             id=str(row.pk),
             status=STATUS[TaskStatus(row.status)],
             enqueued_at=row.created_at,
             started_at=leases[0][1] if leases else None,
             finished_at=row.finished_at,
             last_attempted_at=leases[-1][1] if leases else None,
-            args=row.payload.get("args", []),
-            kwargs=row.payload.get("kwargs", {}),
-            backend=self.alias,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=payload.get("backend", self.alias),
             errors=errors,
             worker_ids=[worker for worker, _ in leases],
         )
-        if row.status == TaskStatus.SUCCEEDED:
-            step = Step.objects.filter(task=row).order_by("-revision").first()
-            value = (step.result or {}).get("return_value") if step else None
+        if row.status == TaskStatus.SUCCEEDED and step is not None:
+            # A step resolved as done by a person has no return value: None.
+            value = (step.result or {}).get("return_value")
             object.__setattr__(result, "_return_value", value)
         return result
 
+    def _stored_task(self, row: Task) -> DjangoTask[..., Any]:
+        """The task as it was enqueued (priority, queue, backend), for its result.
 
-def _django_task(payload: dict[str, Any]) -> DjangoTask:
+        It describes a stored row, so it is built without ``validate_task``: a queue or a
+        backend alias removed from the settings since must not make ``get_result`` raise.
+        A function that can no longer be imported is stood in for by one that raises
+        :class:`FunctionMissing`, under the stored path. ``run_after`` is not kept.
+        """
+        path = str(row.payload.get("func", ""))
+        try:
+            found = _import_task(path)
+            cls: type[DjangoTask[..., Any]] = type(found)
+            func, takes_context = found.func, found.takes_context
+        except FunctionMissing as exc:
+            cls, func, takes_context = DjangoTask, _vanished(path, str(exc)), False
+        fields = {
+            "func": func,
+            "priority": row.priority,
+            "backend": row.payload.get("backend", self.alias),
+            "queue_name": row.queue,
+            "run_after": None,
+            "takes_context": takes_context,
+        }
+        stored = object.__new__(cls)
+        for field in dataclasses.fields(cls):
+            value = fields.get(field.name, field.default)
+            object.__setattr__(stored, field.name, value)
+        return stored
+
+
+def _check_importable(task: DjangoTask[..., Any]) -> None:
     try:
-        task = import_string(payload["func"])
-    except (ImportError, KeyError) as exc:
-        raise PermanentError(f"task function {payload.get('func')!r} cannot be imported") from exc
-    if not isinstance(task, DjangoTask):
-        raise PermanentError(f"{payload['func']!r} is not a django.tasks Task")
-    return task
+        found = _import_task(task.module_path)
+    except FunctionMissing:
+        found = None
+    if found is None or found.func is not task.func:
+        raise InvalidTask(
+            f"The worker imports a task by its module path, and {task.module_path!r} does "
+            "not name this task: declare it with @task at the top level of an importable "
+            "module, under the function's own name."
+        )
+
+
+def _import_task(path: str) -> DjangoTask[..., Any]:
+    try:
+        found = import_string(path)
+    except Exception as exc:  # ImportError, or whatever importing its module raised
+        raise FunctionMissing(f"task function {path!r} cannot be imported: {exc}") from exc
+    if not isinstance(found, DjangoTask):
+        raise FunctionMissing(f"{path!r} is not a django.tasks Task")
+    return found
+
+
+def _vanished(path: str, reason: str) -> Callable[..., Any]:
+    module, _, name = path.rpartition(".")
+
+    def vanished(*args: Any, **kwargs: Any) -> Any:
+        raise FunctionMissing(reason)
+
+    vanished.__module__ = module
+    vanished.__name__ = vanished.__qualname__ = name
+    return vanished
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+# The events that end an attempt with an error, or end the task by a cancel.
+ERROR_EVENTS = (
+    EventKind.RETRY_SCHEDULED,
+    EventKind.DEAD_LETTERED,
+    EventKind.LEASE_EXPIRED,
+    EventKind.CANCEL_REQUESTED,
+    EventKind.CANCELLED,
+)
+CANCEL_EVENTS = (EventKind.CANCEL_REQUESTED, EventKind.CANCELLED)
+
+
+def _class_path(name: type[BaseException]) -> str:
+    return f"{name.__module__}.{name.__qualname__}"
+
+
+def _error(code: str, text: str) -> TaskError:
+    if "." in code:
+        return TaskError(exception_class_path=code, traceback=text)
+    # The core's own reasons (``incompatible_version``...) are codes, not class paths.
+    return TaskError(exception_class_path=_class_path(WorkerRefused), traceback=f"{code}: {text}")
+
+
+def _errors(row: Task, step: Step | None) -> list[TaskError]:
+    """One TaskError per failed attempt (what it raised, or an expired lease), and one per
+    cancel by someone other than the system, in order.
+
+    Events keep the first 2,000 characters of a traceback; the step keeps the last error
+    in full (its last 10,000), so the latest error reads from the step.
+    """
+    errors: list[TaskError] = []
+    # The latest attempt error: its index, class and text as the event holds them.
+    latest: tuple[int, str, str] | None = None
+    for kind, actor, reason, data in (
+        Event.objects.for_task(row.pk)
+        .filter(kind__in=ERROR_EVENTS)
+        .values_list("kind", "actor", "reason", "data")
+    ):
+        code, text = data.get("error_class"), data.get("error", "")
+        if code:
+            latest = (len(errors), code, text)
+            errors.append(_error(code, text))
+        elif kind == EventKind.LEASE_EXPIRED:
+            path = _class_path(LeaseExpired)
+            text = f"the lease of attempt {data.get('token')} expired before its worker reported"
+            errors.append(TaskError(exception_class_path=path, traceback=text))
+        elif kind in CANCEL_EVENTS and not actor.startswith("system"):
+            text = f"cancelled by {actor}: {reason}"
+            errors.append(
+                TaskError(exception_class_path=_class_path(TaskCancelled), traceback=text)
+            )
+    if latest is not None and step is not None:
+        index, code, text = latest
+        if step.error_class == code and step.last_error.startswith(text):
+            errors[index] = _error(code, step.last_error)
+    return errors
+
+
+# --- the idempotency key ------------------------------------------------------------------------
+
+
+def enqueue_once[**P, R](
+    task: DjangoTask[P, R], idempotency_key: str, /, *args: P.args, **kwargs: P.kwargs
+) -> TaskResult[P, R]:
+    """``task.enqueue(*args, **kwargs)`` that enqueues at most once per key.
+
+    The same key with the same function and arguments returns the task already enqueued
+    (no second task, no second ``task_enqueued``); with another function or other
+    arguments it raises ``tasks_app.exceptions.IdempotencyConflict`` and stores nothing.
+    """
+    return _durable(task).enqueue(task, list(args), kwargs, idempotency_key=idempotency_key)
+
+
+async def aenqueue_once[**P, R](
+    task: DjangoTask[P, R], idempotency_key: str, /, *args: P.args, **kwargs: P.kwargs
+) -> TaskResult[P, R]:
+    """See :func:`enqueue_once`."""
+    backend = _durable(task)
+    return await sync_to_async(backend.enqueue, thread_sensitive=True)(
+        task, list(args), kwargs, idempotency_key=idempotency_key
+    )
+
+
+def _durable(task: DjangoTask[..., Any]) -> DurableBackend:
+    backend = task.get_backend()
+    if not isinstance(backend, DurableBackend):
+        raise InvalidTask(
+            f"Backend {task.backend!r} keeps no idempotency keys: it is not a DurableBackend."
+        )
+    return backend
+
+
+# --- signals ------------------------------------------------------------------------------------
+
+
+def _send(signal: Signal, backend: BaseTaskBackend, result: TaskResult[..., Any]) -> None:
+    """Send once the change is committed: a receiver that fails is logged, and cannot undo
+    the change or keep the other receivers from hearing it."""
+    for receiver, answer in signal.send_robust(sender=type(backend), task_result=result):
+        if isinstance(answer, Exception):
+            logger.error(
+                "receiver %r of a django.tasks signal failed for task #%s",
+                receiver,
+                result.id,
+                exc_info=answer,
+            )
+
+
+def _backend_of(payload: dict[str, Any]) -> DurableBackend | None:
+    try:
+        backend = task_backends[payload.get("backend", "default")]
+    except InvalidTaskBackend:
+        return None
+    return backend if isinstance(backend, DurableBackend) else None
+
+
+def _announce_finished(sender: Any, *, task: Task, **kwargs: Any) -> None:
+    """``task_finished`` once per outcome (succeeded, dead, cancelled), after the commit
+    that reached it, from the process that made it: the worker for a run's outcome."""
+    if task.workflow != WORKFLOW:
+        return
+    backend = _backend_of(task.payload)
+    if backend is not None:
+        _send(task_finished, backend, backend._result(task))
+
+
+for _outcome in (task_succeeded, task_dead_lettered, task_cancelled):
+    _outcome.connect(_announce_finished, sender=Task, dispatch_uid="django.tasks.finished")
+
+
+# --- the worker's side --------------------------------------------------------------------------
 
 
 def call(ctx: StepContext) -> dict[str, Any]:
-    """Run the stored ``@task`` function; its return value becomes the step's result."""
-    task = _django_task(ctx.payload)
-    args, kwargs = ctx.payload.get("args", []), ctx.payload.get("kwargs", {})
-    if ctx.payload.get("takes_context"):
-        backend = task.get_backend()
-        row = Task.objects.get(pk=ctx.task_id)
-        context = TaskContext(task_result=backend.get_result(str(row.pk)))
-        value = task.call(context, *args, **kwargs)
-    else:
-        value = task.call(*args, **kwargs)
-    return {"return_value": normalize_json(value)}
+    """Run the stored ``@task`` function; its return value becomes the step's result.
+
+    1. Import the function by its stored path (:class:`FunctionMissing` dead-letters).
+    2. Send ``task_started`` with the task's result as it is now (running, this claim's
+       worker id last); a receiver that raises fails the attempt, as with Django's.
+    3. Call the function, with the same result as its context if it takes one.
+    4. Check the return value is a JSON value; :class:`InvalidReturnValue` dead-letters.
+    """
+    task = _import_task(str(ctx.payload.get("func", "")))
+    backend = _backend_of(ctx.payload)
+    if backend is None:
+        raise PermanentError(f"backend {ctx.payload.get('backend')!r} is not a DurableBackend")
+    result = backend._result(Task.objects.get(pk=ctx.task_id))
+    task_started.send(sender=type(backend), task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise TaskExited(f"{type(exc).__name__}: {exc}") from exc
+    return {"return_value": _json_value(value)}
+
+
+def _json_value(value: Any) -> Any:
+    try:
+        value = normalize_json(value)
+        validation.validate_payload({"return_value": value}, field="return value")
+    except InvalidPayload as exc:
+        # Results have no size limit of their own; every other rule holds.
+        if exc.rule != "max_bytes":
+            raise InvalidReturnValue(str(exc)) from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidReturnValue(f"return value: {exc}") from exc
+    return value
+
+
+def _validate_payload(payload: dict[str, Any]) -> None:
+    """A ``django.task`` payload names a function and holds its arguments (checked also for
+    a payload edited on redrive)."""
+    shape = {"func": str, "args": list, "kwargs": dict}
+    for name, kind in shape.items():
+        if not isinstance(payload.get(name), kind):
+            raise InvalidPayload(
+                f"payload.{name}", "shape", f"payload: {name} must be a {kind.__name__}"
+            )
 
 
 register(
-    Workflow(WORKFLOW, 1, steps=(StepSpec("call", call),), description="A django.tasks function.")
+    Workflow(
+        WORKFLOW,
+        1,
+        steps=(StepSpec("call", call),),
+        validate_payload=_validate_payload,
+        description="A django.tasks function.",
+    )
 )
