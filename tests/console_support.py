@@ -1,5 +1,5 @@
-"""Helpers for the console's view tests: logged-in clients and tasks in the states the
-pages act on, reached by running their steps in this process."""
+"""Helpers for the tests of the console and the commands: logged-in clients and tasks in
+the states pages and commands act on, reached by running their steps in this process."""
 
 from __future__ import annotations
 
@@ -34,4 +34,16 @@ def dead_task(
     runner.run_task_steps(task)
     task.refresh_from_db()
     assert task.status == TaskStatus.DEAD, task.status
+    return task
+
+
+def noop(key: str | None = None) -> Task:
+    return services.enqueue("demo.noop", {}, idempotency_key=key, actor="cli:producer").task
+
+
+def succeeded(key: str | None = None) -> Task:
+    task = noop(key)
+    runner.run_task_steps(task)
+    task.refresh_from_db()
+    assert task.status == TaskStatus.SUCCEEDED
     return task

@@ -30,7 +30,7 @@ from tasks_app.models import (
     TaskStatus,
 )
 from tests.conftest import backdate, only_step
-from tests.console_support import dead_task
+from tests.console_support import dead_task, noop, succeeded
 from tests.e2e_support import PYTHON, ROOT, database_url
 
 OS_USER = f"cli:{getpass.getuser()}"
@@ -63,18 +63,6 @@ def stored() -> tuple[Any, ...]:
         list(Event.objects.order_by("pk").values_list("pk", flat=True)),
         list(QueueState.objects.values_list("name", "paused")),
     )
-
-
-def noop(key: str | None = None) -> Task:
-    return services.enqueue("demo.noop", {}, idempotency_key=key, actor="cli:producer").task
-
-
-def succeeded(key: str | None = None) -> Task:
-    task = noop(key)
-    runner.run_task_steps(task)
-    task.refresh_from_db()
-    assert task.status == TaskStatus.SUCCEEDED
-    return task
 
 
 def unknown_outcome(key: str | None = None) -> Task:

@@ -16,10 +16,10 @@ from django.db import connection
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
 from tasks_app import invariants, runner, services
-from tasks_app.models import Effect, Step, Task, TaskStatus
+from tasks_app.models import Effect, Step, Task
 from tests.approval_support import advance, article, pending_request
 from tests.conftest import backdate, only_step
-from tests.console_support import dead_task
+from tests.console_support import dead_task, noop, succeeded
 from tests.remotes import LoopbackRemote
 
 
@@ -57,18 +57,6 @@ def findings(*args: str) -> list[str]:
     status, lines = check(*args)
     assert status == 1, lines
     return lines
-
-
-def noop(key: str | None = None) -> Task:
-    return services.enqueue("demo.noop", {}, idempotency_key=key, actor="cli:producer").task
-
-
-def succeeded(key: str | None = None) -> Task:
-    task = noop(key)
-    runner.run_task_steps(task)
-    task.refresh_from_db()
-    assert task.status == TaskStatus.SUCCEEDED
-    return task
 
 
 def running(task: Task) -> Step:
