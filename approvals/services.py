@@ -120,7 +120,7 @@ def _decide(
             )
         else:
             approved = verdict == ApprovalStatus.APPROVED
-            core.close_gate(
+            core.close_approval_step(
                 task,
                 locked.step_id,
                 outcome=StepStatus.SUCCEEDED if approved else StepStatus.CANCELLED,
@@ -257,7 +257,7 @@ def expire_due(limit: int = 500) -> int:
             request.decided_at = core.db_now()
             request.save(update_fields=["status", "decided_by", "decided_at"])
             dead = request.on_expiry == ExpiryPolicy.DEAD_LETTER
-            core.close_gate(
+            core.close_approval_step(
                 task,
                 request.step_id,
                 outcome=StepStatus.DEAD if dead else StepStatus.CANCELLED,

@@ -43,7 +43,7 @@ from .models import (
     StepStatus,
     Task,
 )
-from .services import db_now
+from .transitions import db_now
 
 DEFAULT_WINDOW = timedelta(hours=24)
 BATCH_SIZE = 500

@@ -30,7 +30,7 @@ from .models import (
     Task,
     TaskStatus,
 )
-from .services import db_now, is_approval
+from .transitions import db_now, is_approval
 from .workflows import registry
 
 # --- the overview -----------------------------------------------------------------------------

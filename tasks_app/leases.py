@@ -1,0 +1,262 @@
+"""The worker's side: claim a step under a fenced lease, heartbeat, complete, fail.
+
+Worker writes carry the fencing token of their claim; a stale token changes nothing and
+is recorded as ``stale_write_rejected``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.functions import Now
+
+from .access import SYSTEM
+from .approval_steps import open_approval_step
+from .dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
+from .models import EventKind, Lease, Step, StepStatus, Task, TaskStatus
+from .transitions import (
+    after_success,
+    db_now,
+    event_error,
+    lock_task,
+    now_plus,
+    paused_filter,
+    record_event,
+    release_lease,
+    settle_task,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    step_id: int
+    task_id: int
+    token: int
+    attempt: int
+    worker_id: str
+    lease_seconds: int
+    queue: str = "default"
+
+
+def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None) -> Claim | None:
+    """Claim one step if it is pending, due by the database's clock, and its queue runs.
+
+    Returns ``None`` when there is nothing to claim: the step ran already, is not due,
+    was cancelled, or its queue is paused. That is how a duplicate or late doorbell
+    does nothing.
+    """
+    lease = lease_seconds or settings.TASKS_LEASE_SECONDS
+    task_id = Step.objects.filter(pk=step_id).values_list("task_id", flat=True).first()
+    if task_id is None:
+        return None
+    with transaction.atomic():
+        # Pruned or deleted meanwhile: a late doorbell for it does nothing.
+        task = Task.objects.select_for_update().filter(pk=task_id).first()
+        if task is None:
+            return None
+        step = (
+            Step.objects.select_for_update()
+            .filter(pk=step_id, status=StepStatus.PENDING, available_at__lte=Now())
+            .exclude(paused_filter())
+            .first()
+        )
+        if step is None:
+            return None
+        step.status = StepStatus.RUNNING
+        step.attempts += 1
+        step.fencing_token += 1
+        Step.objects.filter(pk=step.pk).update(
+            status=step.status,
+            attempts=step.attempts,
+            fencing_token=step.fencing_token,
+            lease_expires_at=now_plus(lease),
+            started_at=Now(),
+        )
+        Lease.objects.create(
+            step=step,
+            token=step.fencing_token,
+            worker_id=worker_id,
+            acquired_at=Now(),
+            expires_at=now_plus(lease),
+        )
+        if task.status != TaskStatus.RUNNING:
+            task.status = TaskStatus.RUNNING
+            task.save(update_fields=["status", "updated_at"])
+        record_event(
+            EventKind.CLAIMED,
+            task_id=task.pk,
+            step_id=step.pk,
+            actor=f"worker:{worker_id}",
+            steps=[step],
+            token=step.fencing_token,
+            attempt=step.attempts,
+            lease_seconds=lease,
+        )
+    return Claim(
+        step_id=step.pk,
+        task_id=task.pk,
+        token=step.fencing_token,
+        attempt=step.attempts,
+        worker_id=worker_id,
+        lease_seconds=lease,
+        queue=step.queue,
+    )
+
+
+def _held_step(claim: Claim) -> Step | None:
+    """The claimed step, locked, if this claim still holds it."""
+    return (
+        Step.objects.select_for_update()
+        .filter(pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token)
+        .first()
+    )
+
+
+def reject_stale(claim: Claim, operation: str) -> None:
+    """Record a worker write refused because its claim no longer holds the step."""
+    current = Step.objects.filter(pk=claim.step_id).values("status", "fencing_token").first()
+    with transaction.atomic():
+        record_event(
+            EventKind.STALE_WRITE_REJECTED,
+            task_id=claim.task_id,
+            step_id=claim.step_id,
+            actor=f"worker:{claim.worker_id}",
+            operation=operation,
+            token=claim.token,
+            current_token=current["fencing_token"] if current else None,
+            current_status=current["status"] if current else None,
+        )
+    logger.warning("stale %s refused for step %s token %s", operation, claim.step_id, claim.token)
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    alive: bool
+    cancel_requested: bool
+
+
+def heartbeat(claim: Claim, *, lease_seconds: int | None = None) -> HeartbeatResult:
+    """Extend the lease of a running step; tell the worker whether to stop."""
+    lease = lease_seconds or claim.lease_seconds
+    with transaction.atomic():
+        renewed = Step.objects.filter(
+            pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token
+        ).update(lease_expires_at=now_plus(lease))
+        if renewed:
+            Lease.objects.filter(step_id=claim.step_id, token=claim.token).update(
+                expires_at=now_plus(lease)
+            )
+            cancel = Task.objects.filter(
+                pk=claim.task_id, cancel_requested_at__isnull=False
+            ).exists()
+            return HeartbeatResult(alive=True, cancel_requested=cancel)
+    reject_stale(claim, "heartbeat")
+    return HeartbeatResult(alive=False, cancel_requested=False)
+
+
+def complete_step(claim: Claim, result: Any) -> bool:
+    """Record a step's result and make the next step due. False if the claim is stale."""
+    with transaction.atomic():
+        task = lock_task(claim.task_id)
+        step = _held_step(claim)
+        if step is not None:
+            now = db_now()
+            step.status = StepStatus.SUCCEEDED
+            step.result = result
+            step.finished_at = now
+            step.lease_expires_at = None
+            step.save(update_fields=["status", "result", "finished_at", "lease_expires_at"])
+            release_lease(step, claim.token, Lease.Outcome.SUCCEEDED)
+            due: list[Step] = []
+            reached = None
+            if task.cancel_requested_at is None:
+                due, reached = after_success(task, step, now)
+            changed = [step, *due]
+            status = settle_task(task)
+            actor = f"worker:{claim.worker_id}"
+            record_event(
+                EventKind.SUCCEEDED,
+                task_id=task.pk,
+                step_id=step.pk,
+                actor=actor,
+                steps=changed,
+                token=claim.token,
+                task_status=status,
+            )
+            if reached is not None:
+                open_approval_step(task, reached, actor=actor)
+            if status == TaskStatus.CANCELLED:
+                record_event(
+                    EventKind.CANCELLED,
+                    task_id=task.pk,
+                    actor=SYSTEM,
+                    reason="cancel requested while the step ran",
+                )
+            ring_on_commit([Doorbell(s.pk, s.queue) for s in changed[1:]])
+            return True
+    reject_stale(claim, "complete")
+    return False
+
+
+def fail_step(
+    claim: Claim,
+    *,
+    error_class: str,
+    message: str,
+    retry_in: float | None,
+    reason: str,
+) -> bool:
+    """Record a failed attempt: retry after ``retry_in`` seconds while attempts remain,
+    else dead-letter with ``reason``. ``retry_in=None`` dead-letters at once.
+    """
+    with transaction.atomic():
+        task = lock_task(claim.task_id)
+        step = _held_step(claim)
+        if step is not None:
+            step.last_error = message[:10_000]
+            step.error_class = error_class[:200]
+            step.lease_expires_at = None
+            release_lease(step, claim.token, Lease.Outcome.FAILED)
+            bells: list[Doorbell] = []
+            if task.cancel_requested_at is not None:
+                kind, step.status = EventKind.CANCELLED, StepStatus.CANCELLED
+                step.finished_at = db_now()
+            elif retry_in is not None and step.attempts < step.max_attempts:
+                kind, step.status = EventKind.RETRY_SCHEDULED, StepStatus.PENDING
+                step.available_at = db_now() + timedelta(seconds=retry_in)
+                if retry_in <= MAX_COUNTDOWN:
+                    step.dispatched_at = step.available_at
+                    bells.append(Doorbell(step.pk, step.queue, retry_in))
+                else:
+                    # No doorbell that far out: the sweeper rings as soon as it is due.
+                    step.dispatched_at = None
+            else:
+                kind, step.status = EventKind.DEAD_LETTERED, StepStatus.DEAD
+                step.finished_at = db_now()
+                if retry_in is not None:
+                    reason = "max_attempts"
+            step.save()
+            status = settle_task(task)
+            record_event(
+                kind,
+                task_id=task.pk,
+                step_id=step.pk,
+                actor=f"worker:{claim.worker_id}",
+                reason=reason if kind == EventKind.DEAD_LETTERED else "",
+                steps=[step],
+                token=claim.token,
+                error_class=step.error_class,
+                error=event_error(step.last_error),
+                retry_in=retry_in if kind == EventKind.RETRY_SCHEDULED else None,
+                task_status=status,
+            )
+            ring_on_commit(bells)
+            return True
+    reject_stale(claim, "fail")
+    return False

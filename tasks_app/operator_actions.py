@@ -1,0 +1,292 @@
+"""What people do to tasks: redrive, resolve, cancel (one task or many), pause and resume a
+queue. Each checks the actor's permission and records who did it and why."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from . import validation
+from .access import Actor, actor_fields, check_permission
+from .approval_steps import open_approval_step
+from .dispatch import Doorbell, ring_on_commit
+from .exceptions import InvalidInput, InvalidTransition
+from .models import TERMINAL_TASK_STATUSES, Effect, EventKind, QueueState, Step, StepStatus, Task
+from .signals import steps_cancelled
+from .transitions import (
+    after_success,
+    cancel_steps,
+    db_now,
+    is_approval,
+    lock_task,
+    record_event,
+    settle_task,
+)
+from .workflows import registry
+
+
+def _run_again(step: Step, now: datetime) -> None:
+    """A dead step becomes due now with a fresh attempt budget; its token keeps rising."""
+    step.status = StepStatus.PENDING
+    step.attempts = 0
+    step.available_at = step.dispatched_at = now
+    step.finished_at = None
+    step.save(update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"])
+
+
+def _ring_or_open(task: Task, steps: Sequence[Step], *, actor: Actor) -> None:
+    """After a redrive or a resolve: ring for the steps made due, and open the request of
+    an approval step among them (no worker runs one)."""
+    bells = []
+    for step in steps:
+        if is_approval(task, step.position):
+            open_approval_step(task, step, actor=actor)
+        else:
+            bells.append(Doorbell(step.pk, step.queue))
+    ring_on_commit(bells)
+
+
+CANCELLABLE = (
+    StepStatus.BLOCKED,
+    StepStatus.PENDING,
+    StepStatus.WAITING_APPROVAL,
+    StepStatus.DEAD,
+)
+
+
+def _dead_steps(task: Task) -> list[Step]:
+    return list(task.steps.select_for_update().filter(status=StepStatus.DEAD).order_by("position"))
+
+
+def redrive(
+    task: Task, *, actor: Actor, reason: str, payload: dict[str, Any] | None = None
+) -> Task:
+    """Make a dead task runnable again: fresh attempt budget, same step key, rising token."""
+    check_permission(actor, "redrive_task")
+    reason = validation.require_text(reason, "reason")
+    canonical = validation.validate_payload(payload) if payload is not None else None
+    flow = registry.get(task.workflow, task.workflow_version)
+    if payload is not None and flow is not None and flow.validate_payload is not None:
+        # An edited payload must pass the same rules as one given to enqueue.
+        flow.validate_payload(payload)
+    with transaction.atomic():
+        locked = lock_task(task.pk)
+        dead = _dead_steps(locked)
+        if not dead:
+            raise InvalidTransition(f"task #{task.pk} has no dead step to redrive")
+        now = db_now()
+        for step in dead:
+            _run_again(step, now)
+        data: dict[str, Any] = {}
+        if canonical is not None:
+            data = {"old_payload": locked.payload, "new_payload": json.loads(canonical)}
+            locked.payload = data["new_payload"]
+            locked.save(update_fields=["payload", "updated_at"])
+        status = settle_task(locked)
+        record_event(
+            EventKind.REDRIVEN,
+            task_id=locked.pk,
+            actor=actor,
+            reason=reason,
+            steps=dead,
+            task_status=status,
+            **data,
+        )
+        _ring_or_open(locked, dead, actor=actor)
+    return locked
+
+
+def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
+    """A person settles a dead step: ``done`` (it happened) or ``retry`` (it did not)."""
+    check_permission(actor, "resolve_task")
+    reason = validation.require_text(reason, "reason")
+    if outcome not in ("done", "retry"):
+        raise InvalidInput("outcome", "choice", "outcome: must be 'done' or 'retry'")
+    name, _ = actor_fields(actor)
+    with transaction.atomic():
+        locked = lock_task(task.pk)
+        dead = _dead_steps(locked)
+        if not dead:
+            raise InvalidTransition(f"task #{task.pk} has no dead step to resolve")
+        step = dead[0]
+        if outcome == "done" and is_approval(locked, step.position):
+            raise InvalidTransition(
+                f"step {step.kind} of task #{task.pk} is an approval: only a person's "
+                "decision lets the task past it (redrive it for a new request, or cancel)"
+            )
+        now = db_now()
+        started = Effect.objects.filter(step=step, status=Effect.Status.STARTED)
+        changed = [step]
+        if outcome == "done":
+            started.update(
+                status=Effect.Status.DONE,
+                result={"resolved_by": name, "note": reason},
+                finished_at=now,
+            )
+            step.status = StepStatus.SUCCEEDED
+            step.result = {"resolved": "done", "by": name, "note": reason}
+            step.finished_at = now
+            step.save(update_fields=["status", "result", "finished_at"])
+            due, reached = after_success(locked, step, now)
+            changed += due
+        else:
+            # "It did not happen": forget the unfinished effects so the next attempt calls.
+            started.delete()
+            _run_again(step, now)
+            due, reached = [step], None
+        status = settle_task(locked)
+        record_event(
+            EventKind.RESOLVED,
+            task_id=locked.pk,
+            step_id=step.pk,
+            actor=actor,
+            reason=reason,
+            steps=changed,
+            outcome=outcome,
+            task_status=status,
+        )
+        _ring_or_open(locked, [*due, *([reached] if reached else [])], actor=actor)
+    return locked
+
+
+def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
+    """Cancel what has not run; ask a running step to stop. Its late result does not
+    revive the task, and completed side effects are not undone."""
+    check_permission(actor, "cancel_task")
+    reason = validation.require_text(reason, "reason")
+    with transaction.atomic():
+        locked = lock_task(task.pk)
+        if locked.status in TERMINAL_TASK_STATUSES:
+            raise InvalidTransition(f"task #{task.pk} already {locked.status}")
+        if locked.cancel_requested_at is not None:
+            raise InvalidTransition(f"task #{task.pk} is already being cancelled")
+        now = db_now()
+        steps = cancel_steps(locked, CANCELLABLE, now)
+        steps_cancelled.send(sender=Task, task=locked, steps=steps, actor=actor, reason=reason)
+        running = locked.steps.filter(status=StepStatus.RUNNING).exists()
+        if running:
+            locked.cancel_requested_at = now
+            locked.save(update_fields=["cancel_requested_at", "updated_at"])
+        status = settle_task(locked)
+        record_event(
+            EventKind.CANCEL_REQUESTED if running else EventKind.CANCELLED,
+            task_id=locked.pk,
+            actor=actor,
+            reason=reason,
+            steps=steps,
+            task_status=status,
+        )
+    return locked
+
+
+def _check_queue(name: Any) -> str:
+    return validation.validate_queue(name, field="name")
+
+
+def pause_queue(name: str, *, actor: Actor, reason: str) -> None:
+    """Stop claims in a queue; running steps finish, nothing new starts."""
+    _set_queue(name, paused=True, actor=actor, reason=reason)
+
+
+def resume_queue(name: str, *, actor: Actor, reason: str) -> None:
+    _set_queue(name, paused=False, actor=actor, reason=reason)
+
+
+def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
+    check_permission(actor, "pause_queue")
+    queue = _check_queue(name)
+    reason = validation.require_text(reason, "reason")
+    who, _ = actor_fields(actor)
+    with transaction.atomic():
+        state, _ = QueueState.objects.select_for_update().get_or_create(name=queue)
+        if state.paused == paused:
+            return
+        state.paused = paused
+        state.changed_by = who
+        state.reason = reason
+        state.save()
+        record_event(
+            EventKind.QUEUE_PAUSED if paused else EventKind.QUEUE_RESUMED,
+            task_id=None,
+            actor=actor,
+            reason=reason,
+            queue=queue,
+        )
+        if not paused:
+            now = db_now()
+            due = list(
+                Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=now)
+                .order_by("-priority", "available_at")
+                .values_list("pk", flat=True)[:1000]
+            )
+            Step.objects.filter(pk__in=due).update(dispatched_at=now)
+            ring_on_commit([Doorbell(pk, queue) for pk in due])
+
+
+def paused_queues() -> list[str]:
+    return list(QueueState.objects.filter(paused=True).values_list("name", flat=True))
+
+
+@dataclass(frozen=True)
+class BulkReport:
+    action: str
+    changed: list[int]
+    # Tasks the action no longer applied to (changed by someone else meanwhile), and why.
+    skipped: list[tuple[int, str]]
+    # More tasks matched than the limit allowed; they were left alone.
+    limited: bool
+
+
+BULK_ACTIONS: dict[str, tuple[str, Callable[..., Task]]] = {
+    "redrive": ("redrive_task", lambda task, **kw: redrive(task, **kw)),
+    "resolve_done": ("resolve_task", lambda task, **kw: resolve(task, outcome="done", **kw)),
+    "resolve_retry": ("resolve_task", lambda task, **kw: resolve(task, outcome="retry", **kw)),
+    "cancel": ("cancel_task", lambda task, **kw: cancel(task, **kw)),
+}
+
+
+def act_on_tasks(
+    tasks: Iterable[Task], *, action: str, actor: Actor, reason: str, limit: int
+) -> BulkReport:
+    """Apply one operator action (redrive, resolve, cancel) to each of ``tasks`` (at most
+    ``limit``), each in its own transaction with its own Event, as if done one by one: the
+    console's bulk form on dead letters and the management commands both come here.
+
+    The action, the permission, the reason and the limit are checked before anything
+    changes (given no tasks, that check is all it does); a task the action does not apply
+    to (not dead, already finished, or changed by someone else meanwhile) is skipped and
+    reported, not an error for the rest.
+    """
+    if action not in BULK_ACTIONS:
+        raise InvalidInput("action", "choice", f"action: one of {', '.join(BULK_ACTIONS)}")
+    permission, run = BULK_ACTIONS[action]
+    check_permission(actor, permission)
+    reason = validation.require_text(reason, "reason")
+    if not 1 <= limit <= settings.CONSOLE_BULK_LIMIT:
+        raise InvalidInput(
+            "limit", "range", f"limit: from 1 to {settings.CONSOLE_BULK_LIMIT} tasks per action"
+        )
+    changed: list[int] = []
+    skipped: list[tuple[int, str]] = []
+    limited = False
+    for task in tasks:
+        if len(changed) + len(skipped) == limit:
+            limited = True
+            break
+        try:
+            run(task, actor=actor, reason=reason)
+        except InvalidTransition as exc:
+            skipped.append((task.pk, str(exc)))
+        else:
+            changed.append(task.pk)
+    return BulkReport(action, changed, skipped, limited)
+
+
+# The name the console's dead-letters view calls it by.
+act_on_dead = act_on_tasks

@@ -1,0 +1,149 @@
+"""The sweeper: reap expired leases, ring again for due steps whose doorbell was lost, and
+run the periodic jobs other apps register."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from .access import SWEEPER
+from .dispatch import Doorbell, ring_on_commit
+from .models import EventKind, Lease, Step, StepStatus
+from .transitions import db_now, lock_task, paused_filter, record_event, release_lease, settle_task
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    reaped: int
+    redispatched: int
+    # What the jobs other apps registered did (name -> count), e.g. expired approvals.
+    jobs: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"reaped": self.reaped, "redispatched": self.redispatched, **self.jobs}
+
+
+SweepJob = Callable[[int], int]
+
+
+_sweep_jobs: dict[str, SweepJob] = {}
+
+
+def register_sweep_job(name: str, job: SweepJob) -> None:
+    """Have the sweeper also run ``job(limit)`` (returning how many rows it handled); an
+    app building on the core registers its periodic work here, as approvals does for
+    expiry."""
+    _sweep_jobs[name] = job
+
+
+def sweep(*, limit: int = 500) -> SweepReport:
+    jobs = {name: job(limit) for name, job in list(_sweep_jobs.items())}
+    return SweepReport(
+        reaped=reap_expired_leases(limit=limit),
+        redispatched=redispatch_due(limit=limit),
+        jobs=jobs,
+    )
+
+
+def reap_expired_leases(*, limit: int = 500) -> int:
+    """Return steps whose lease ran out (by the database's clock) to pending, or dead-letter
+    them when their attempts are spent."""
+    expired = list(
+        Step.objects.filter(status=StepStatus.RUNNING, lease_expires_at__lt=Now())
+        .order_by("lease_expires_at")
+        .values_list("pk", "task_id", "fencing_token")[:limit]
+    )
+    reaped = 0
+    for step_id, task_id, token in expired:
+        with transaction.atomic():
+            task = lock_task(task_id)
+            # Re-checked under the lock: the worker may have finished or renewed meanwhile.
+            step = (
+                Step.objects.select_for_update()
+                .filter(
+                    pk=step_id,
+                    status=StepStatus.RUNNING,
+                    fencing_token=token,
+                    lease_expires_at__lt=Now(),
+                )
+                .first()
+            )
+            if step is None:
+                continue
+            release_lease(step, token, Lease.Outcome.EXPIRED)
+            step.lease_expires_at = None
+            now = db_now()
+            if task.cancel_requested_at is not None:
+                step.status, outcome = StepStatus.CANCELLED, "cancelled"
+                step.finished_at = now
+            elif step.attempts >= step.max_attempts:
+                step.status, outcome = StepStatus.DEAD, "dead"
+                step.finished_at = now
+                step.error_class = "lease_expired"
+                step.last_error = f"lease of token {token} expired on attempt {step.attempts}"
+            else:
+                step.status, outcome = StepStatus.PENDING, "pending"
+                step.available_at = step.dispatched_at = now
+            step.save()
+            status = settle_task(task)
+            record_event(
+                EventKind.LEASE_EXPIRED,
+                task_id=task_id,
+                step_id=step_id,
+                actor=SWEEPER,
+                steps=[step],
+                token=token,
+                outcome=outcome,
+                task_status=status,
+            )
+            if step.status == StepStatus.CANCELLED:
+                record_event(
+                    EventKind.CANCELLED,
+                    task_id=task_id,
+                    actor=SWEEPER,
+                    reason="cancel requested while the step ran; its lease expired",
+                    task_status=status,
+                )
+            if step.status == StepStatus.DEAD:
+                record_event(
+                    EventKind.DEAD_LETTERED,
+                    task_id=task_id,
+                    step_id=step_id,
+                    actor=SWEEPER,
+                    reason="lease_expired",
+                    steps=[step],
+                    task_status=status,
+                )
+            if step.status == StepStatus.PENDING:
+                ring_on_commit([Doorbell(step.pk, step.queue)])
+            reaped += 1
+    return reaped
+
+
+def redispatch_due(*, limit: int = 500) -> int:
+    """Ring again for due steps whose doorbell may have been lost.
+
+    A step is rung at most once per ``TASKS_REDISPATCH_SECONDS`` (``dispatched_at``), and
+    at most ``limit`` per sweep, so a broker outage does not turn into a flood.
+    """
+    interval = timedelta(seconds=settings.TASKS_REDISPATCH_SECONDS)
+    with transaction.atomic():
+        now = db_now()
+        due = list(
+            Step.objects.filter(status=StepStatus.PENDING, available_at__lte=now)
+            .filter(Q(dispatched_at=None) | Q(dispatched_at__lte=now - interval))
+            .exclude(paused_filter())
+            .order_by("-priority", "available_at")
+            .values_list("pk", "queue")[:limit]
+        )
+        if not due:
+            return 0
+        Step.objects.filter(pk__in=[pk for pk, _ in due]).update(dispatched_at=now)
+        ring_on_commit([Doorbell(pk, queue) for pk, queue in due])
+    return len(due)

@@ -1,0 +1,201 @@
+"""The pieces every transition shares: the database's clock, locking a task, recording an
+event beside its change, settling a task's status from its steps, and what a step's
+success leads to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from .access import Actor, actor_fields
+from .effects import Effects
+from .history import derive_task_status
+from .models import (
+    TERMINAL_TASK_STATUSES,
+    Counter,
+    Event,
+    Lease,
+    QueueState,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
+from .signals import announce_on_commit
+from .workflows import StepContext, registry
+
+
+def db_now() -> datetime:
+    """The database's clock on PostgreSQL (rule 3); the process clock on SQLite."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT STATEMENT_TIMESTAMP()")
+            value: datetime = cursor.fetchone()[0]
+            return value
+    return timezone.now()
+
+
+def now_plus(seconds: float) -> ExpressionWrapper:
+    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
+
+
+def step_state(step: Step) -> list[Any]:
+    return [step.status, step.attempts, step.fencing_token]
+
+
+def record_event(
+    kind: str,
+    *,
+    task_id: int | None,
+    step_id: int | None = None,
+    actor: Actor = None,
+    reason: str = "",
+    steps: Iterable[Step] = (),
+    **data: Any,
+) -> Event:
+    name, user_id = actor_fields(actor)
+    changes = {str(step.pk): step_state(step) for step in steps}
+    if changes:
+        data["steps"] = changes
+    return Event.objects.create(
+        task_id=task_id,
+        step_id=step_id,
+        kind=kind,
+        actor=name,
+        actor_user_id=user_id,
+        reason=reason,
+        data=data,
+    )
+
+
+def event_error(text: str) -> str:
+    """An error as its event keeps it: the end of a long traceback, where the exception
+    and its message are."""
+    return text if len(text) <= 2000 else "…" + text[-1999:]
+
+
+def bump_counter(name: str, by: int = 1) -> None:
+    """Add to a metrics counter in its own transaction."""
+    if by <= 0:
+        return
+    with transaction.atomic():
+        if Counter.objects.filter(name=name).update(value=F("value") + by):
+            return
+        try:
+            with transaction.atomic():
+                Counter.objects.create(name=name, value=by)
+        except IntegrityError:
+            Counter.objects.filter(name=name).update(value=F("value") + by)
+
+
+def current_steps(task: Task) -> list[Step]:
+    return list(task.steps.exclude(status=StepStatus.SUPERSEDED).order_by("position", "revision"))
+
+
+def settle_task(task: Task, steps: Sequence[Step] | None = None) -> str:
+    """Store the task status derived from its (non-superseded) steps."""
+    current = current_steps(task) if steps is None else steps
+    status = derive_task_status(
+        (step.status for step in current), cancel_requested=task.cancel_requested_at is not None
+    )
+    finished = timezone.now() if status in TERMINAL_TASK_STATUSES | {TaskStatus.DEAD} else None
+    if status != task.status or (finished is None and task.finished_at is not None):
+        if status != task.status:
+            announce_on_commit([(task.pk, status)])
+        task.status = status
+        task.finished_at = finished
+        task.save(update_fields=["status", "finished_at", "updated_at"])
+    return status
+
+
+def lock_task(task_id: int) -> Task:
+    """Lock a task row: every transition of a task takes this lock first."""
+    return Task.objects.select_for_update().get(pk=task_id)
+
+
+def paused_filter() -> Q:
+    return Q(queue__in=QueueState.objects.filter(paused=True).values("name"))
+
+
+def release_lease(step: Step, token: int, outcome: str) -> None:
+    Lease.objects.filter(step=step, token=token, released_at=None).update(
+        released_at=Now(), outcome=outcome
+    )
+
+
+def after_success(task: Task, after: Step, now: datetime) -> tuple[list[Step], Step | None]:
+    """Once ``after`` succeeded: the next step made due, or the approval step reached.
+
+    An approval step is not made due (no worker runs it): it is returned as the step to
+    open, which the caller does with :func:`open_approval_step` once its own event is written.
+    """
+    following = (
+        task.steps.filter(status=StepStatus.BLOCKED, position__gt=after.position)
+        .order_by("position", "-revision")
+        .first()
+    )
+    if following is None:
+        return [], None
+    if is_approval(task, following.position):
+        return [], following
+    following.status = StepStatus.PENDING
+    following.available_at = now
+    following.dispatched_at = now
+    following.save(update_fields=["status", "available_at", "dispatched_at"])
+    return [following], None
+
+
+def is_approval(task: Task, position: int) -> bool:
+    """Whether the step at ``position`` of the task's workflow version is one a person
+    decides (never claimed: opened when the task reaches it)."""
+    flow = registry.get(task.workflow, task.workflow_version)
+    spec = flow.step(position) if flow is not None else None
+    return spec is not None and spec.approval
+
+
+def step_inputs(task: Task, position: int) -> dict[str, Any]:
+    """The results of the task's earlier steps by kind (current rows): a handler's
+    ``ctx.results``."""
+    if position == 0:
+        return {}
+    return dict(
+        task.steps.filter(status=StepStatus.SUCCEEDED, position__lt=position)
+        .order_by("position", "revision")
+        .values_list("kind", "result")
+    )
+
+
+def step_context(
+    task: Task, step: Step, *, attempt: int, token: int, timeout: float | None = None
+) -> StepContext:
+    """What a handler gets: the payload, earlier results, its place in the retry story, the
+    effects ledger fenced by ``token``, and the request for changes it answers, if any."""
+    return StepContext(
+        task_id=task.pk,
+        step_id=step.pk,
+        payload=task.payload,
+        results=step_inputs(task, step.position),
+        attempt=attempt,
+        fencing_token=token,
+        step_key=step.idempotency_key,
+        effects=Effects(step_id=step.pk, step_key=step.idempotency_key, fencing_token=token),
+        timeout=timeout,
+        revision=step.revision,
+        change_request=step.change_request,
+    )
+
+
+def cancel_steps(task: Task, statuses: Iterable[str], now: datetime) -> list[Step]:
+    """Cancel the task's steps in ``statuses`` (the task is locked); returns them."""
+    steps = list(task.steps.select_for_update().filter(status__in=statuses).order_by("position"))
+    for step in steps:
+        step.status = StepStatus.CANCELLED
+        step.finished_at = now
+    Step.objects.bulk_update(steps, ["status", "finished_at"])
+    return steps
