@@ -1,6 +1,6 @@
 """Batched claims and completions: the workers' hot path.
 
-Same guarantees as :func:`services.claim_step` and :func:`services.complete_step`, for many
+Same guarantees as :func:`leases.claim_step` and :func:`leases.complete_step`, for many
 steps per transaction. A claim is still a conditional, fenced write with its Lease and
 Event; a completion still checks the token and writes its Event with the change. On
 PostgreSQL each is one transaction of one or two statements; on SQLite (the embedded mode)
@@ -23,14 +23,15 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from . import services
+from . import leases
 from .dispatch import Doorbell, ring_on_commit
+from .leases import Claim
 from .models import Step, StepStatus, Task, TaskStatus
-from .services import Claim
 from .signals import announce_on_commit
+from .transitions import paused_filter
 
 if TYPE_CHECKING:
-    from .services import PreparedItem
+    from .enqueueing import PreparedItem
 
 
 @contextmanager
@@ -153,7 +154,8 @@ WITH input AS (
                    ) END,
                    'token', done.fencing_token, 'task_status', settled.status
                ) AS data
-        FROM done JOIN input i ON i.id = done.id JOIN settled ON settled.id = done.task_id
+        FROM done JOIN input i ON i.id = done.id AND i.token = done.fencing_token
+             JOIN settled ON settled.id = done.task_id
              LEFT JOIN nxt ON nxt.task_id = done.task_id
         UNION ALL
         SELECT settled.id, NULL, 'cancelled', 'system', 'cancel requested while the step ran', 1,
@@ -162,7 +164,7 @@ WITH input AS (
     ) AS e
     ORDER BY task_id, ord
 )
-SELECT 'done', id, '' FROM done
+SELECT 'done', id, fencing_token::text FROM done
 UNION ALL
 SELECT 'next', id, queue FROM nxt
 UNION ALL
@@ -230,7 +232,7 @@ def _claim_batch_one_by_one(
         candidates.insert(0, step_id)
     claims = []
     for pk in candidates:
-        claim = services.claim_step(pk, worker_id=worker_id, lease_seconds=lease)
+        claim = leases.claim_step(pk, worker_id=worker_id, lease_seconds=lease)
         if claim is not None:
             claims.append(claim)
         if len(claims) == limit:
@@ -242,42 +244,61 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
     """Record the results of many claimed steps; returns the ids accepted.
 
     The statement makes each task's next step ``pending``, so it is for successes whose
-    next step is not an approval step: those go through :func:`services.complete_step`,
+    next step is not an approval step: those go through :func:`leases.complete_step`,
     which opens the request in the same transaction (``runner.run_batch`` splits them).
 
     A claim that no longer holds its step is refused and recorded as
-    ``stale_write_rejected``, exactly as :func:`services.complete_step` does.
+    ``stale_write_rejected``, exactly as :func:`leases.complete_step` does.
     """
     if not done:
         return set()
     if connection.vendor != "postgresql":
-        return {claim.step_id for claim, result in done if services.complete_step(claim, result)}
+        return {claim.step_id for claim, result in done if leases.complete_step(claim, result)}
+    # A claim given twice is one completion and one stale write, as one by one.
+    first: dict[tuple[int, int], tuple[Claim, Any]] = {}
+    repeated: list[Claim] = []
+    for claim, result in done:
+        if (claim.step_id, claim.token) in first:
+            repeated.append(claim)
+        else:
+            first[(claim.step_id, claim.token)] = (claim, result)
+    unique = list(first.values())
     with transaction.atomic(), _cursor() as cursor:
-        cursor.execute(LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in done})], prepare=True)
+        cursor.execute(
+            LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in unique})], prepare=True
+        )
         cursor.execute(
             COMPLETE_SQL,
             {
-                "ids": [claim.step_id for claim, _ in done],
-                "tokens": [claim.token for claim, _ in done],
-                "results": [json.dumps(result, allow_nan=False) for _, result in done],
-                "actors": [f"worker:{claim.worker_id}" for claim, _ in done],
+                "ids": [claim.step_id for claim, _ in unique],
+                "tokens": [claim.token for claim, _ in unique],
+                # None is stored as SQL NULL, as the ORM stores it, not as JSON null.
+                "results": [
+                    None if result is None else json.dumps(result, allow_nan=False)
+                    for _, result in unique
+                ],
+                "actors": [f"worker:{claim.worker_id}" for claim, _ in unique],
             },
             prepare=True,
         )
         rows = cursor.fetchall()
-        accepted = {pk for what, pk, _ in rows if what == "done"}
+        # A completion counts for the claim whose token holds the step, not for a stale
+        # claim of the same step in the same call.
+        held = {(pk, int(token)) for what, pk, token in rows if what == "done"}
         ring_on_commit([Doorbell(pk, queue) for what, pk, queue in rows if what == "next"])
         announce_on_commit((pk, status) for what, pk, status in rows if what == "settled")
-    for claim, _ in done:
-        if claim.step_id not in accepted:
-            services.reject_stale(claim, "complete")
-    return accepted
+    for claim, _ in unique:
+        if (claim.step_id, claim.token) not in held:
+            leases.reject_stale(claim, "complete")
+    for claim in repeated:
+        leases.reject_stale(claim, "complete")
+    return {step_id for step_id, _ in held}
 
 
 def queue_has_due_steps(queue: str) -> bool:
     return (
         Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=Now())
-        .exclude(queue__in=services.paused_queues())
+        .exclude(paused_filter())
         .exists()
     )
 
