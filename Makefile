@@ -12,11 +12,12 @@ PORT ?= 8000
 demo run: export PUBLISH_URL ?= http://$(HOST):$(PORT)/fake/publish/
 demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
 
-.PHONY: help install run migrate demo test lint format clean bench bench-quick
+.PHONY: help install run migrate demo test test-fast lint format clean bench bench-quick
 
 help:
 	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"
 	@echo "make test   run the whole suite against PostgreSQL and Redis"
+	@echo "make test-fast  the same without the worker-process and browser tests (e2e, browser)"
 	@echo "make lint   ruff and mypy"
 	@echo "make bench  the full benchmark (under 30 min); make bench-quick: every cell, small N"
 
@@ -45,6 +46,10 @@ run: demo
 
 test: install
 	@scripts/with-services.sh $(PY) -m pytest $(PYTEST_ARGS)
+
+# The quick loop: everything but the tests that start worker processes or a browser.
+test-fast: install
+	@scripts/with-services.sh $(PY) -m pytest -m "not e2e and not browser" $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -2,12 +2,15 @@
 
 With nothing set it runs on the embedded default: SQLite and Celery's file-system broker
 under ``var/``. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and Redis.
+``DJANGO_PRODUCTION`` refuses to start without a secret key, allowed hosts and the real
+remotes of the shipped workflows.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -53,6 +56,22 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_url(name: str, default: str = "") -> str:
+    raw = env_str(name)
+    if not raw:
+        return default
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ImproperlyConfigured(f"{name} must be an http(s) URL with a host, not {raw!r}")
+    return raw
+
+
+def is_fake_remote(url: str) -> bool:
+    """Whether ``url`` names one of the fakes served under /fake/, on whichever host."""
+    path = urlsplit(url).path
+    return path == "/fake" or path.startswith("/fake/")
+
+
 PRODUCTION = env_bool("DJANGO_PRODUCTION")
 DEBUG = env_bool("DJANGO_DEBUG", default=not PRODUCTION)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY")
@@ -65,10 +84,11 @@ if PRODUCTION:
 elif not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-not-for-production"  # noqa: S105
 
-# Everything the embedded mode writes (SQLite file, broker folders) lives here, and in
-# every mode beat's schedule file, so the folder is made with PostgreSQL and Redis too.
+# Everything the embedded mode writes (the SQLite file, the broker's folders) lives here,
+# and beat's schedule file unless beat is given another. The folder is made only for the
+# embedded database or broker, so a PostgreSQL and Redis deployment never writes next to
+# its code; beat makes it for its schedule when it starts (config/beat.py).
 VAR_DIR = Path(env_str("TASKS_VAR_DIR") or BASE_DIR / "var")
-VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -121,6 +141,7 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = env_str("DATABASE_URL")
+REDIS_URL = env_str("REDIS_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
@@ -129,6 +150,7 @@ if DATABASE_URL:
         # Behind PgBouncer, use session pooling or its prepared-statement support.
         DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -231,11 +253,35 @@ TASKS_REDISPATCH_SECONDS = env_int("TASKS_REDISPATCH_SECONDS", 30)
 TASKS_CLAIM_BATCH = env_int("TASKS_CLAIM_BATCH", 50)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
-# The remotes of publish_article and ticket_reply. Unset, they are the fakes this app
-# serves itself under /fake/ (`make run` sets them for the port it serves on).
+# The remotes of publish_article (PUBLISH_URL) and ticket_reply (MAIL_URL), the approvals
+# app's workflows. Outside production they default to the fakes this app serves itself
+# under /fake/ (config/fakes.py; `make run` sets them for the port it serves on).
+# Production serves no fakes and needs both remotes, real ones, when those workflows are
+# installed: a missing or fake remote would only show as dead letters after a review.
 TASKS_FAKE_REMOTES = env_bool("TASKS_FAKE_REMOTES", default=not PRODUCTION)
-PUBLISH_URL = env_str("PUBLISH_URL", "http://127.0.0.1:8000/fake/publish/")
-MAIL_URL = env_str("MAIL_URL", "http://127.0.0.1:8000/fake/mail/")
+PUBLISH_URL = env_url("PUBLISH_URL", "" if PRODUCTION else "http://127.0.0.1:8000/fake/publish/")
+MAIL_URL = env_url("MAIL_URL", "" if PRODUCTION else "http://127.0.0.1:8000/fake/mail/")
+if PRODUCTION:
+    if TASKS_FAKE_REMOTES:
+        raise ImproperlyConfigured(
+            "DJANGO_PRODUCTION is set: TASKS_FAKE_REMOTES must be off "
+            "(the fake remotes answer anyone, without a login)"
+        )
+    if "approvals" in INSTALLED_APPS:
+        for _name, _url, _workflow in [
+            ("PUBLISH_URL", PUBLISH_URL, "publish_article"),
+            ("MAIL_URL", MAIL_URL, "ticket_reply"),
+        ]:
+            if not _url:
+                raise ImproperlyConfigured(
+                    f"DJANGO_PRODUCTION is set: {_name} is required (the {_workflow} "
+                    "workflow calls it)"
+                )
+            if is_fake_remote(_url):
+                raise ImproperlyConfigured(
+                    f"DJANGO_PRODUCTION is set: {_name} points at the demo's fake remote "
+                    f"({_url}); the {_workflow} workflow needs the real service"
+                )
 # Seconds a remote call may take before it counts as timed out.
 REMOTE_TIMEOUT_SECONDS = env_int("REMOTE_TIMEOUT_SECONDS", 10)
 
@@ -255,12 +301,19 @@ CONSOLE_LOGIN_WINDOW_SECONDS = env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 900)
 
 # --- Celery (read by config/celery.py with namespace CELERY) ----------------------------
 
-REDIS_URL = env_str("REDIS_URL")
+# Redis hands a message nobody acknowledged to another worker after this many seconds.
+BROKER_VISIBILITY_TIMEOUT = 3600
 if REDIS_URL:
+    # A lease must end before Redis re-delivers the message of the step it covers:
+    # otherwise a second worker gets the step while the first still holds it.
+    if TASKS_LEASE_SECONDS >= BROKER_VISIBILITY_TIMEOUT:
+        raise ImproperlyConfigured(
+            f"TASKS_LEASE_SECONDS must be shorter than the broker's visibility timeout "
+            f"({BROKER_VISIBILITY_TIMEOUT} s), not {TASKS_LEASE_SECONDS}"
+        )
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
-        # Longer than any lease: Redis re-delivers an unacknowledged message after this.
-        "visibility_timeout": 3600,
+        "visibility_timeout": BROKER_VISIBILITY_TIMEOUT,
         "socket_connect_timeout": 2,
         "socket_timeout": 5,
         "max_retries": 1,
@@ -321,4 +374,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": TASKS_MAINTENANCE_QUEUE, "expires": float(TASKS_SWEEP_SECONDS)},
     }
 }
+# Beat's schedule file, unless beat is started with --schedule (Procfile's is in /tmp); the
+# scheduler makes its folder, which the settings make only in the embedded mode.
+CELERY_BEAT_SCHEDULER = "config.beat:Scheduler"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")

@@ -14,5 +14,6 @@ urlpatterns = [
 ]
 
 if settings.TASKS_FAKE_REMOTES:
-    # Stand-ins for the publishing and mail services, so the demo completes.
-    urlpatterns.append(path("fake/", include("approvals.urls")))
+    # Stand-ins for the publishing and mail services, so the demo completes (never in
+    # production: the settings refuse to start with them on).
+    urlpatterns.append(path("fake/", include("config.fake_urls")))

@@ -185,7 +185,7 @@ def worker_on_test_database(
         # A busy sweeper: due steps are rung again (duplicate doorbells) after a second.
         "TASKS_SWEEP_SECONDS": "1",
         "TASKS_REDISPATCH_SECONDS": "1",
-        # Beat's schedule file goes here; the folder does not exist yet (settings make it).
+        # Beat's schedule file goes here; the folder does not exist yet (beat makes it).
         "TASKS_VAR_DIR": str(folder / "var"),
         "PUBLISH_URL": remotes[0].url,
         "MAIL_URL": remotes[1].url,

@@ -11,8 +11,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from approvals import fakes
 from approvals import services as approvals
+from config import fakes
 from tasks_app import runner, services
 from tasks_app.exceptions import InvalidPayload
 from tasks_app.models import Effect, Event, EventKind, Step, StepStatus, Task, TaskStatus

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_settings(code: str = "print('ok')", **env: str) -> subprocess.CompletedProcess[str]:
-    """Set Django up in a fresh interpreter with ``env``, then run ``code``."""
+    """Set Django up in a fresh interpreter with ``env``, then run ``code``. An empty value
+    unsets a variable (``DATABASE_URL=""`` is the embedded database)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TASKS_"))}
     return subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {code}"],
@@ -23,6 +24,16 @@ def load_settings(code: str = "print('ok')", **env: str) -> subprocess.Completed
         timeout=60,
         check=False,
     )
+
+
+# Everything production needs to start.
+PRODUCTION = {
+    "DJANGO_PRODUCTION": "1",
+    "DJANGO_SECRET_KEY": "x" * 60,
+    "DJANGO_ALLOWED_HOSTS": "example.com",
+    "PUBLISH_URL": "https://publish.example.com/api/",
+    "MAIL_URL": "https://mail.example.com/api/",
+}
 
 
 @pytest.mark.parametrize(
@@ -40,12 +51,58 @@ def test_production_refuses_to_start_without_a_secret_or_hosts(
     assert message in result.stderr
 
 
-def test_production_starts_with_a_secret_and_hosts() -> None:
-    result = load_settings(
-        DJANGO_PRODUCTION="1", DJANGO_SECRET_KEY="x" * 60, DJANGO_ALLOWED_HOSTS="example.com"
-    )
+def test_production_starts_with_a_secret_hosts_and_the_real_remotes() -> None:
+    result = load_settings(**PRODUCTION)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("name", "workflow"), [("PUBLISH_URL", "publish_article"), ("MAIL_URL", "ticket_reply")]
+)
+def test_production_refuses_to_start_without_a_remote_the_shipped_workflows_call(
+    name: str, workflow: str
+) -> None:
+    result = load_settings(**{**PRODUCTION, name: ""})
+    assert result.returncode != 0
+    assert f"{name} is required (the {workflow} workflow calls it)" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("PUBLISH_URL", "http://127.0.0.1:8000/fake/publish/"),
+        ("PUBLISH_URL", "https://console.example.com/fake/publish/"),
+        ("MAIL_URL", "https://console.example.com/fake/mail/?to=ops"),
+        ("MAIL_URL", "https://console.example.com/fake"),
+    ],
+)
+def test_production_refuses_to_start_with_a_remote_pointing_at_the_fakes(
+    name: str, url: str
+) -> None:
+    result = load_settings(**{**PRODUCTION, name: url})
+    assert result.returncode != 0
+    assert f"{name} points at the demo's fake remote ({url})" in result.stderr
+
+
+def test_a_real_remote_whose_path_only_starts_like_the_fakes_is_accepted() -> None:
+    result = load_settings(**{**PRODUCTION, "PUBLISH_URL": "https://cms.example.com/fakery/"})
+    assert result.returncode == 0, result.stderr
+
+
+def test_production_refuses_to_start_with_the_fake_remotes_on() -> None:
+    result = load_settings(**PRODUCTION, TASKS_FAKE_REMOTES="1")
+    assert result.returncode != 0
+    assert "DJANGO_PRODUCTION is set: TASKS_FAKE_REMOTES must be off" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url", ["publish.example.com/api/", "ftp://publish.example.com/", "https:///api"]
+)
+def test_a_remote_that_is_not_an_http_url_fails_loudly_naming_the_variable(url: str) -> None:
+    result = load_settings(PUBLISH_URL=url)
+    assert result.returncode != 0
+    assert f"PUBLISH_URL must be an http(s) URL with a host, not {url!r}" in result.stderr
 
 
 FAKES_SERVED = (
@@ -59,14 +116,7 @@ FAKES_SERVED = (
     ("env", "served"),
     [
         ({}, "served"),
-        (
-            {
-                "DJANGO_PRODUCTION": "1",
-                "DJANGO_SECRET_KEY": "x" * 60,
-                "DJANGO_ALLOWED_HOSTS": "example.com",
-            },
-            "not served",
-        ),
+        (PRODUCTION, "not served"),
         ({"TASKS_FAKE_REMOTES": "0"}, "not served"),
     ],
 )
@@ -107,3 +157,70 @@ def test_a_worker_without_q_consumes_every_queue_and_the_sweeper_has_its_own() -
     assert settings.CELERY_ACCEPT_CONTENT == ["json"]
     visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
     assert isinstance(visibility, int) and visibility > settings.TASKS_LEASE_SECONDS
+
+
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize("lease", ["3600", "7200"])
+def test_a_lease_the_broker_would_redeliver_during_is_refused(lease: str) -> None:
+    result = load_settings(REDIS_URL=REDIS, TASKS_LEASE_SECONDS=lease)
+    assert result.returncode != 0
+    assert (
+        "TASKS_LEASE_SECONDS must be shorter than the broker's visibility timeout (3600 s), "
+        f"not {lease}"
+    ) in result.stderr
+
+
+def test_a_lease_just_inside_the_visibility_timeout_is_accepted() -> None:
+    result = load_settings(REDIS_URL=REDIS, TASKS_LEASE_SECONDS="3599")
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_file_system_broker_redelivers_nothing_so_any_lease_goes() -> None:
+    result = load_settings(REDIS_URL="", DATABASE_URL="", TASKS_LEASE_SECONDS="7200")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("database_url", "redis_url", "made"),
+    [
+        ("", "", True),  # the SQLite file and the broker's folders
+        ("postgres://u@127.0.0.1:5432/x", "", True),  # the broker's folders
+        ("", REDIS, True),  # the SQLite file
+        ("postgres://u@127.0.0.1:5432/x", REDIS, False),
+    ],
+)
+def test_var_is_made_only_for_the_embedded_database_or_broker(
+    tmp_path: Path, database_url: str, redis_url: str, made: bool
+) -> None:
+    var = tmp_path / "embedded"  # tests/conftest.py makes tmp_path/var
+    result = load_settings(DATABASE_URL=database_url, REDIS_URL=redis_url, TASKS_VAR_DIR=str(var))
+    assert result.returncode == 0, result.stderr
+    assert var.exists() is made
+    assert (var / "broker" / "queue").is_dir() is (made and not redis_url)
+
+
+def test_production_on_postgresql_and_redis_writes_nothing_under_var(tmp_path: Path) -> None:
+    var = tmp_path / "embedded"  # tests/conftest.py makes tmp_path/var
+    result = load_settings(
+        **PRODUCTION,
+        DATABASE_URL="postgres://u@127.0.0.1:5432/x",
+        REDIS_URL=REDIS,
+        TASKS_VAR_DIR=str(var),
+    )
+    assert result.returncode == 0, result.stderr
+    assert not var.exists()
+
+
+def test_beat_makes_the_folder_of_its_schedule_file_itself(tmp_path: Path) -> None:
+    from config.beat import Scheduler
+    from config.celery import app
+
+    schedule = tmp_path / "beat" / "celerybeat-schedule"
+    scheduler = Scheduler(app=app, schedule_filename=str(schedule))
+    try:
+        assert "sweep" in scheduler.schedule
+    finally:
+        scheduler.close()
+    assert list(schedule.parent.glob("celerybeat-schedule*"))

@@ -20,13 +20,6 @@ from tests.remotes import LoopbackRemote, loopback_remotes
 
 from .support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, VIEWPORT
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "browser: drives Debian's chromium against the live server and a worker"
-    )
-
-
 expect.set_options(timeout=TIMEOUT_MS)
 
 

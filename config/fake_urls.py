@@ -1,3 +1,6 @@
+"""The fake remotes under ``/fake/``; ``config/urls.py`` includes them only when
+``TASKS_FAKE_REMOTES`` is on."""
+
 from __future__ import annotations
 
 from django.urls import path

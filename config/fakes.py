@@ -1,11 +1,16 @@
-"""Stand-ins for the remote systems of the shipped workflows, so the demo completes
-without any outside service.
+"""Stand-ins for the remote systems of the shipped workflows (``PUBLISH_URL`` for
+publish_article, ``MAIL_URL`` for ticket_reply), so the demo completes without any outside
+service.
 
 :class:`FakeRemote` keeps, in memory, every request it received and every write it
 applied. The publishing fake honours the ``Idempotency-Key`` header (a repeated key
 returns the first answer and applies nothing); the mail fake does not (every request
-sends a mail). This app serves both under ``/fake/`` when ``TASKS_FAKE_REMOTES`` is on
-(the default outside production); the tests serve them on loopback ports.
+sends a mail). The project serves both under ``/fake/`` (``config/fake_urls.py``) when
+``TASKS_FAKE_REMOTES`` is on, the default outside production, which refuses them; the
+tests serve them on loopback ports (``tests/remotes.py``).
+
+They live with the project's wiring, not in an app: they are part of the demo, not of
+the approvals app whose workflows call them.
 """
 
 from __future__ import annotations
