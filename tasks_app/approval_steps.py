@@ -11,7 +11,7 @@ from django.db import transaction
 from .access import SYSTEM, Actor, actor_fields
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import InvalidTransition, error_class, error_text
-from .models import EventKind, Step, StepStatus, Task, TaskStatus
+from .models import EventKind, Step, StepStatus, Task, TaskStatus, step_key
 from .transitions import (
     after_success,
     cancel_steps,
@@ -224,7 +224,7 @@ def revise(
             max_attempts=old.max_attempts,
             available_at=now if old.position == start else None,
             dispatched_at=now if old.position == start else None,
-            idempotency_key=f"{task.key}:{old.position}:{old.kind}:r{revision}",
+            idempotency_key=step_key(task.key, old.position, old.kind, revision),
             change_request={**change_request, "revision": revision}
             if old.position == start
             else None,

@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models.functions import Now
 
 from . import leases
 from .dispatch import Doorbell, ring_on_commit
 from .leases import Claim
-from .models import Step, StepStatus, Task, TaskStatus
+from .models import Step, Task, TaskStatus
 from .signals import announce_on_commit
 from .transitions import paused_filter
 
@@ -222,7 +221,7 @@ def _claim_batch_one_by_one(
         queue = Step.objects.filter(pk=step_id).values_list("queue", flat=True).first()
     if queue is None:
         return []
-    due = Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=Now())
+    due = Step.objects.due().filter(queue=queue)
     if step_id is not None:
         due = due.exclude(pk=step_id)
     candidates = list(
@@ -296,13 +295,10 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
 
 
 def queue_has_due_steps(queue: str) -> bool:
-    return (
-        Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=Now())
-        .exclude(paused_filter())
-        .exists()
-    )
+    return Step.objects.due().filter(queue=queue).exclude(paused_filter()).exists()
 
 
+# Each step's key is models.step_key's (revision 0), restated in SQL.
 # One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
 # enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.
 # Ids are drawn first so every row maps back to its item, and rows go in key order so two

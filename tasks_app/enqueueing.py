@@ -14,7 +14,7 @@ from . import validation
 from .access import Actor, actor_fields
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import IdempotencyConflict, InvalidInput
-from .models import Event, EventKind, Step, StepStatus, Task, TaskStatus
+from .models import Event, EventKind, Step, StepStatus, Task, TaskStatus, step_key
 from .transitions import bump_counter, db_now, step_state
 from .workflows import Workflow, registry
 
@@ -248,7 +248,7 @@ def _insert_with_orm(
                     max_attempts=spec.max_attempts,
                     available_at=(item.run_after or now) if first else None,
                     dispatched_at=(item.run_after or now) if first else None,
-                    idempotency_key=f"{task.key}:{position}:{spec.kind}",
+                    idempotency_key=step_key(task.key, position, spec.kind),
                 )
             )
     Step.objects.bulk_create(steps)

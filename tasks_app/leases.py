@@ -62,7 +62,8 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
             return None
         step = (
             Step.objects.select_for_update()
-            .filter(pk=step_id, status=StepStatus.PENDING, available_at__lte=Now())
+            .due()
+            .filter(pk=step_id)
             .exclude(paused_filter())
             .first()
         )

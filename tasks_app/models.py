@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
 
 class TaskStatus(models.TextChoices):
@@ -122,6 +123,22 @@ class Task(models.Model):
         return self.idempotency_key or f"task-{self.pk}"
 
 
+class StepQuerySet(models.QuerySet["Step"]):
+    def due(self, now: Any = None) -> StepQuerySet:
+        """Pending steps whose time has come: by the database's clock unless ``now`` is
+        given. The batch claim's SQL restates this as ``s.status = 'pending' AND
+        s.available_at <= statement_timestamp()``."""
+        return self.filter(status=StepStatus.PENDING, available_at__lte=now or Now())
+
+
+def step_key(task_key: str, position: int, kind: str, revision: int = 0) -> str:
+    """A step's idempotency key (DESIGN rule 5): ``<task key>:<position>:<kind>``, and
+    ``:r<n>`` on the rows of revision ``n``. Kept across retries and redrives. The bulk
+    insert's SQL (``batch.INSERT_SQL``) restates it for revision 0."""
+    key = f"{task_key}:{position}:{kind}"
+    return f"{key}:r{revision}" if revision else key
+
+
 class Step(models.Model):
     # No index of its own: the (task, position, revision) constraint leads with task.
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps", db_index=False)
@@ -151,6 +168,8 @@ class Step(models.Model):
     change_request = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[StepQuerySet] = StepQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         ordering = ["task_id", "revision", "position"]

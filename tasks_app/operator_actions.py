@@ -221,7 +221,8 @@ def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
         if not paused:
             now = db_now()
             due = list(
-                Step.objects.filter(queue=queue, status=StepStatus.PENDING, available_at__lte=now)
+                Step.objects.due(now)
+                .filter(queue=queue)
                 .order_by("-priority", "available_at")
                 .values_list("pk", flat=True)[:1000]
             )

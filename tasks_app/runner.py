@@ -16,13 +16,12 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connections
-from django.db.models.functions import Now
 
 from . import batch, services
 from .dispatch import Doorbell, ring_on_commit
 from .effects import LeaseLost
 from .exceptions import InvalidInput, OutcomeUnknown, PermanentError, error_class, error_text
-from .models import Step, StepStatus, Task
+from .models import Step, Task
 from .workflows import StepContext, StepSpec, registry
 
 logger = logging.getLogger(__name__)
@@ -312,12 +311,7 @@ def run_task_steps(task: Task, *, limit: int = 50) -> int:
     Returns how many ran."""
     ran = 0
     while ran < limit:
-        due = (
-            task.steps.filter(status=StepStatus.PENDING, available_at__lte=Now())
-            .order_by("position")
-            .values_list("pk", flat=True)
-            .first()
-        )
+        due = task.steps.due().order_by("position").values_list("pk", flat=True).first()
         if due is None or not run_claimed(due):
             break
         ran += 1

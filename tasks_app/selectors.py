@@ -122,7 +122,7 @@ def overview() -> Overview:
 
 
 def _due_steps(now: datetime) -> QuerySet[Step]:
-    return Step.objects.filter(status=StepStatus.PENDING, available_at__lte=now)
+    return Step.objects.due(now)
 
 
 def _throughput(now: datetime) -> list[MinuteCount]:

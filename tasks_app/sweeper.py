@@ -136,7 +136,7 @@ def redispatch_due(*, limit: int = 500) -> int:
     with transaction.atomic():
         now = db_now()
         due = list(
-            Step.objects.filter(status=StepStatus.PENDING, available_at__lte=now)
+            Step.objects.due(now)
             .filter(Q(dispatched_at=None) | Q(dispatched_at__lte=now - interval))
             .exclude(paused_filter())
             .order_by("-priority", "available_at")
