@@ -1,5 +1,6 @@
-"""What the harness, its producers and its workers share: names, environment variables and
-a deadline-bounded poll. Imports nothing heavy, so every process can use it."""
+"""What the harness, its producers and its workers share: names, environment variables, a
+deadline-bounded poll and a one-value query. Imports nothing heavy, so every process can use
+it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "bench"
@@ -43,6 +48,12 @@ def wait_for[T](
         if left <= 0:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(min(interval, left))
+
+
+def scalar(conn: psycopg.Connection[Any], sql: str, *args: Any) -> Any:
+    """The first column of the first row, or None when there is no row."""
+    row = conn.execute(sql, args or None).fetchone()
+    return row[0] if row else None
 
 
 def mark_ready() -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -35,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-
-from .common import ROOT
 
 SPAN = 30 * 24 * 3600.0  # the history's spread, seconds
 LEASE_SECONDS = 300
@@ -146,6 +143,12 @@ def plan(n: int, seed: int, now: float) -> Plan:
     return Plan(n, now, status)
 
 
+def _steps_key(task_id: int) -> str:
+    """How an event's data opens: its one step's id, then that step's [status, attempts,
+    token] follows."""
+    return f'{{"steps": {{"{task_id}": '
+
+
 def _frac(task_id: int, salt: int) -> float:
     """A cheap deterministic number in [0, 1) per task."""
     return (((task_id * 2654435761) ^ (salt * 40503)) & 0xFFFF) / 65536
@@ -211,6 +214,34 @@ class Generator:
             f"\t{released}\t{outcome}"
         )
 
+    def claimed(self, rows: Rows, task_id: int, worker: str, at: str, claim: int) -> None:
+        self.event(
+            rows,
+            task_id,
+            "claimed",
+            worker,
+            at,
+            f'{_steps_key(task_id)}["running", {claim}, {claim}]}}, "token": {claim}, '
+            f'"attempt": {claim}, "lease_seconds": {LEASE_SECONDS}}}',
+        )
+
+    def claim_failed(
+        self, rows: Rows, task_id: int, worker: str, at: str, claim: int, *, last: bool
+    ) -> None:
+        """The claim's error: a retry after 0.2 s, or the last attempt's dead letter."""
+        state, retry_in = ("dead", "null") if last else ("pending", "0.2")
+        self.event(
+            rows,
+            task_id,
+            "dead_lettered" if last else "retry_scheduled",
+            worker,
+            at,
+            f'{_steps_key(task_id)}["{state}", {claim}, {claim}]}}, "token": {claim}, '
+            f'"error_class": "{ERROR_CLASS}", "error": {ERROR_JSON[claim]}, '
+            f'"retry_in": {retry_in}, "task_status": "{state}"}}',
+            reason="max_attempts" if last else "",
+        )
+
     def task(self, task_id: int, rows: Rows) -> None:
         status = self.plan.of(task_id)
         self.totals[status] += 1
@@ -224,7 +255,7 @@ class Generator:
         c_at, s_at = ts(created), ts(started)
         payload_hash = hashlib.sha256(b"%d" % task_id).hexdigest()
         worker = f"worker:{WORKER.format(1 + task_id % 2, 1000 + task_id % 4)}"
-        steps_key = f'{{"steps": {{"{task_id}": '
+        steps_key = _steps_key(task_id)
         attempts, token = 0, 0
         step_status, result, error, error_class = status, NULL, "", ""
         available = dispatched = c_at
@@ -252,29 +283,11 @@ class Generator:
             claims = 2 if kind == "flaky" and task_id % 100 < 10 else 1
             claim_at = started
             for claim in range(1, claims + 1):
-                c = ts(claim_at)
-                self.event(
-                    rows,
-                    task_id,
-                    "claimed",
-                    worker,
-                    c,
-                    f'{steps_key}["running", {claim}, {claim}]}}, "token": {claim}, '
-                    f'"attempt": {claim}, "lease_seconds": {LEASE_SECONDS}}}',
-                )
+                self.claimed(rows, task_id, worker, ts(claim_at), claim)
                 if claim < claims:
                     failed_at = claim_at + 0.01
                     self.lease(rows, task_id, claim, claim_at, ts(failed_at), "failed")
-                    self.event(
-                        rows,
-                        task_id,
-                        "retry_scheduled",
-                        worker,
-                        ts(failed_at),
-                        f'{steps_key}["pending", {claim}, {claim}]}}, "token": {claim}, '
-                        f'"error_class": "{ERROR_CLASS}", "error": {ERROR_JSON[claim]}, '
-                        f'"retry_in": 0.2, "task_status": "pending"}}',
-                    )
+                    self.claim_failed(rows, task_id, worker, ts(failed_at), claim, last=False)
                     claim_at = failed_at + 0.2
                     finished = max(finished, claim_at + 0.01)
             f_at = ts(finished)
@@ -307,31 +320,12 @@ class Generator:
         elif status == DEAD:
             claim_at = started
             for claim in (1, 2, 3):
-                self.event(
-                    rows,
-                    task_id,
-                    "claimed",
-                    worker,
-                    ts(claim_at),
-                    f'{steps_key}["running", {claim}, {claim}]}}, "token": {claim}, '
-                    f'"attempt": {claim}, "lease_seconds": {LEASE_SECONDS}}}',
-                )
+                self.claimed(rows, task_id, worker, ts(claim_at), claim)
                 failed_at = claim_at + 0.01
                 f_at = ts(failed_at)
                 self.lease(rows, task_id, claim, claim_at, f_at, "failed")
                 last = claim == 3
-                state, retry_in = ("dead", "null") if last else ("pending", "0.2")
-                self.event(
-                    rows,
-                    task_id,
-                    "dead_lettered" if last else "retry_scheduled",
-                    worker,
-                    f_at,
-                    f'{steps_key}["{state}", {claim}, {claim}]}}, "token": {claim}, '
-                    f'"error_class": "{ERROR_CLASS}", "error": {ERROR_JSON[claim]}, '
-                    f'"retry_in": {retry_in}, "task_status": "{state}"}}',
-                    reason="max_attempts" if last else "",
-                )
+                self.claim_failed(rows, task_id, worker, f_at, claim, last=last)
                 if not last:
                     claim_at = failed_at + 0.2 * claim
             attempts = token = 3
@@ -340,15 +334,7 @@ class Generator:
             task_finished = updated = step_finished
         elif status == RUNNING:
             self.lease(rows, task_id, 1, started, NULL, "")
-            self.event(
-                rows,
-                task_id,
-                "claimed",
-                worker,
-                s_at,
-                f'{steps_key}["running", 1, 1]}}, "token": 1, "attempt": 1, '
-                f'"lease_seconds": {LEASE_SECONDS}}}',
-            )
+            self.claimed(rows, task_id, worker, s_at, 1)
             attempts = token = 1
             step_started = updated = s_at
             lease_expires = ts(started + LEASE_SECONDS)
@@ -411,22 +397,6 @@ FIELDS = {
     "tasks_app_event": "events",
     "approvals_approvalrequest": "approvals",
 }
-
-
-def migrate(python: str, env: dict[str, str], dsn: str) -> float:
-    began = time.monotonic()
-    done = subprocess.run(  # noqa: S603
-        [python, "manage.py", "migrate", "--noinput"],
-        cwd=ROOT,
-        env={**env, "DATABASE_URL": dsn},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"migrate failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return time.monotonic() - began
 
 
 def load(dsn: str, n: int, *, seed: int = 1) -> dict[str, Any]:

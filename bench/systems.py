@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import psycopg
 import redis
 
-from .common import ENV_DSN, ENV_GO_FILE, ENV_READY_DIR, PLAIN_QUEUE, PLAIN_STARTS_KEY
+from .common import ENV_DSN, ENV_GO_FILE, ENV_READY_DIR, PLAIN_QUEUE, PLAIN_STARTS_KEY, scalar
 from .procs import ProcessGroup, children, memory_kib
 from .raw import TABLE as RAW_TABLE
 
@@ -154,9 +154,14 @@ class System:
 
     # --- helpers ---------------------------------------------------------------------
 
-    def _one(self, conn: psycopg.Connection[Any], sql: str, *args: Any) -> Any:
-        row = conn.execute(sql, args or None).fetchone()
-        return row[0] if row else None
+    def _row_count(self, table: str) -> int:
+        with self.ctx.connect() as conn:
+            return int(scalar(conn, f"SELECT count(*) FROM {table}") or 0)  # noqa: S608
+
+    def _epoch(self, conn: psycopg.Connection[Any], sql: str) -> float | None:
+        """A time as seconds since the epoch, or None when there is none yet."""
+        value = scalar(conn, sql)
+        return float(value) if value is not None else None
 
     def _times(self, conn: psycopg.Connection[Any], sql: str, ids: list[int]) -> dict[int, float]:
         rows = conn.execute(sql, (ids,)).fetchall()
@@ -220,8 +225,7 @@ class Us(_CeleryBased):
     extra_args = ["-I", "bench.worker_hooks"]
 
     def staged_count(self) -> int:
-        with self.ctx.connect() as conn:
-            return int(self._one(conn, "SELECT count(*) FROM tasks_app_task") or 0)
+        return self._row_count("tasks_app_task")
 
     def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
         row = conn.execute(
@@ -232,16 +236,14 @@ class Us(_CeleryBased):
         return Progress(int(row[0]), int(row[1]))
 
     def last_completion(self, conn: psycopg.Connection[Any]) -> float | None:
-        value = self._one(
+        return self._epoch(
             conn,
             "SELECT extract(epoch FROM max(finished_at)) FROM tasks_app_task"
             " WHERE status = 'succeeded'",
         )
-        return float(value) if value is not None else None
 
     def first_start(self, conn: psycopg.Connection[Any]) -> float | None:
-        value = self._one(conn, "SELECT extract(epoch FROM min(acquired_at)) FROM tasks_app_lease")
-        return float(value) if value is not None else None
+        return self._epoch(conn, "SELECT extract(epoch FROM min(acquired_at)) FROM tasks_app_lease")
 
     def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
         return self._times(
@@ -254,7 +256,7 @@ class Us(_CeleryBased):
 
     def busy(self, conn: psycopg.Connection[Any]) -> bool:
         return bool(
-            self._one(
+            scalar(
                 conn,
                 "SELECT EXISTS (SELECT 1 FROM tasks_app_task"
                 " WHERE status IN ('pending', 'running'))",
@@ -329,8 +331,7 @@ class Proc(_GoFileBased):
     tables = ("procrastinate_jobs", "procrastinate_events", "procrastinate_periodic_defers")
 
     def staged_count(self) -> int:
-        with self.ctx.connect() as conn:
-            return int(self._one(conn, "SELECT count(*) FROM procrastinate_jobs") or 0)
+        return self._row_count("procrastinate_jobs")
 
     def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
         row = conn.execute(
@@ -342,18 +343,16 @@ class Proc(_GoFileBased):
         return Progress(int(row[0]), int(row[1]))
 
     def last_completion(self, conn: psycopg.Connection[Any]) -> float | None:
-        value = self._one(
+        return self._epoch(
             conn,
             "SELECT extract(epoch FROM max(at)) FROM procrastinate_events WHERE type = 'succeeded'",
         )
-        return float(value) if value is not None else None
 
     def first_start(self, conn: psycopg.Connection[Any]) -> float | None:
-        value = self._one(
+        return self._epoch(
             conn,
             "SELECT extract(epoch FROM min(at)) FROM procrastinate_events WHERE type = 'started'",
         )
-        return float(value) if value is not None else None
 
     def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
         return self._times(
@@ -365,7 +364,7 @@ class Proc(_GoFileBased):
 
     def busy(self, conn: psycopg.Connection[Any]) -> bool:
         return bool(
-            self._one(
+            scalar(
                 conn,
                 "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs"
                 " WHERE status IN ('todo', 'doing'))",
@@ -382,29 +381,26 @@ class Raw(_GoFileBased):
     tables = (RAW_TABLE,)
 
     def staged_count(self) -> int:
-        with self.ctx.connect() as conn:
-            return int(self._one(conn, f"SELECT count(*) FROM {RAW_TABLE}") or 0)  # noqa: S608
+        return self._row_count(RAW_TABLE)
 
     def progress(self, conn: psycopg.Connection[Any], total: int) -> Progress:
-        done = self._one(
+        done = scalar(
             conn,
             f"SELECT count(*) FROM {RAW_TABLE} WHERE status = 'done'",  # noqa: S608
         )
         return Progress(int(done or 0), 0)
 
     def last_completion(self, conn: psycopg.Connection[Any]) -> float | None:
-        value = self._one(
+        return self._epoch(
             conn,
             f"SELECT extract(epoch FROM max(finished_at)) FROM {RAW_TABLE}",  # noqa: S608
         )
-        return float(value) if value is not None else None
 
     def first_start(self, conn: psycopg.Connection[Any]) -> float | None:
-        value = self._one(
+        return self._epoch(
             conn,
             f"SELECT extract(epoch FROM min(started_at)) FROM {RAW_TABLE}",  # noqa: S608
         )
-        return float(value) if value is not None else None
 
     def start_times(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, float]:
         return self._times(
@@ -416,7 +412,7 @@ class Raw(_GoFileBased):
 
     def busy(self, conn: psycopg.Connection[Any]) -> bool:
         return bool(
-            self._one(
+            scalar(
                 conn,
                 f"SELECT EXISTS (SELECT 1 FROM {RAW_TABLE}"  # noqa: S608
                 " WHERE status IN ('todo', 'doing'))",

@@ -1,0 +1,299 @@
+"""The system cells: enqueue, drain and latency, one system at a time, each from empty
+tables and queues (the numbers refer to docs/performance.md, "How it is measured"); and the
+modes, which set how big every cell is.
+
+Every cell runs its producer as a subprocess (``bench/producer.py``) and its workers as a
+process group (``bench/procs.py``); a cell stops what it started, also when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import report
+from .common import ROOT, wait_for
+from .server_stats import CountingConnection, ServerStats
+from .systems import Ctx, Progress, System
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How big every cell is, how many runs, and the time they all get."""
+
+    name: str
+    runs: int
+    single_n: int
+    bulk_n: int
+    batch: int
+    drain_n: int
+    workers: tuple[int, ...]
+    rates: tuple[int, ...]
+    latency_seconds: float
+    senders: int
+    drain_timeout: float  # a drain cell stops here and reports what finished
+    budget: float  # seconds for all cells; later cells are skipped past it
+    console_sizes: tuple[int, int]  # tasks in the console cells' small and large data sets
+    console_gets: int  # timed GETs per page and size (after console_warmup untimed ones)
+    console_warmup: int
+
+
+MODES = {
+    "quick": Mode(
+        "quick", 1, 500, 5_000, 1_000, 1_000, (1, 2, 4), (50, 200, 500), 3.0, 4, 45, 240,
+        console_sizes=(2_000, 20_000), console_gets=20, console_warmup=5,
+    ),
+    "full": Mode(
+        "full", 3, 5_000, 50_000, 1_000, 10_000, (1, 2, 4), (50, 200, 500), 6.0, 4, 100, 27 * 60,
+        console_sizes=(10_000, 1_000_000), console_gets=20, console_warmup=5,
+    ),
+}  # fmt: skip
+
+
+class Bench:
+    """The system cells of a harness run, and the run's time budget, counted from the
+    moment the harness is set up."""
+
+    def __init__(self, ctx: Ctx, stats: ServerStats, mode: Mode) -> None:
+        self.ctx = ctx
+        self.stats = stats
+        self.mode = mode
+        self.started = time.monotonic()
+
+    def over_budget(self) -> bool:
+        return time.monotonic() - self.started > self.mode.budget
+
+    def producer(
+        self, system: System, mode: str, *, staged: bool, timeout: float, **options: Any
+    ) -> dict[str, Any]:
+        out = self.ctx.work_dir / f"producer-{time.monotonic_ns()}.json"
+        argv = [self.ctx.python, "-m", "bench.producer", system.key, mode, "--out", str(out)]
+        for name, value in options.items():
+            flag = "--" + name.replace("_", "-")
+            if value is True:
+                argv.append(flag)
+            elif value is not False:
+                argv += [flag, str(value)]
+        done = subprocess.run(  # noqa: S603
+            argv,
+            cwd=ROOT,
+            env=self.ctx.producer_env(staged=staged),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(
+                f"producer {system.key} {mode} exited {done.returncode}\n"
+                f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+            )
+        result: dict[str, Any] = json.loads(out.read_text())
+        out.unlink()
+        return result
+
+    # 1. enqueue/s from one producer
+
+    def enqueue(self, system: System) -> dict[str, Any]:
+        mode = self.mode
+        system.reset()
+        single = self.producer(
+            system, "single", staged=True, timeout=max(60, mode.single_n / 40), n=mode.single_n
+        )
+        system.reset()
+        bulk = self.producer(
+            system,
+            "bulk",
+            staged=True,
+            timeout=max(60, mode.bulk_n / 150),
+            n=mode.bulk_n,
+            batch=mode.batch,
+        )
+        system.reset()
+        return {"single": single, "bulk": bulk}
+
+    # 2, 4, 5. drain a pre-filled queue; commits, WAL and memory around it
+
+    def drain(self, system: System, workers: int) -> dict[str, Any]:
+        mode, ctx, stats = self.mode, self.ctx, self.stats
+        total = mode.drain_n
+        system.reset()
+        self.producer(
+            system,
+            "bulk",
+            staged=True,
+            timeout=max(60, total / 150),
+            n=total,
+            batch=mode.batch,
+            no_warmup=True,
+        )
+        staged = system.staged_count()
+        if staged != total:
+            raise RuntimeError(f"pre-filled {staged} tasks, expected {total}")
+        with ctx.connect() as conn:
+            conn.execute("ANALYZE")
+        stats.quiesce()
+        stats.checkpoint()
+        before = stats.counters()
+
+        booting = time.monotonic()
+        group = system.start_workers(workers, barrier=True)
+        observer: CountingConnection | None = None
+        out: dict[str, Any] = {"total": total}
+        try:
+            group.wait_ready(system.expected_ready(workers), timeout=90)
+            out["worker_boot_s"] = time.monotonic() - booting
+            observer = CountingConnection.connect(ctx.dsn, autocommit=True, connect_timeout=10)
+            released = system.release(group)
+            deadline = released + mode.drain_timeout
+            progress = Progress(0, 0)
+            while True:
+                progress = system.progress(observer, total)
+                if progress.done + progress.failed >= total:
+                    break
+                if time.time() > deadline:
+                    out["capped"] = True
+                    break
+                if group.exited():
+                    raise RuntimeError(f"a worker exited during the drain\n{group.tail()}")
+                time.sleep(system.poll_interval)
+            observed_end = time.time()
+            end = system.last_completion(observer) if not out.get("capped") else None
+            first = system.first_start(observer)
+            memory = system.memory(group)
+        finally:
+            out["worker_stop_s"] = group.stop()
+            if observer is not None:
+                observer.close()
+        stats.quiesce()
+        after = stats.counters()
+
+        # A worker that found work before the release (it polled the database on its
+        # own) is timed from its first start instead.
+        began = min(released, first) if first is not None else released
+        end = end if end is not None and end >= began else observed_end
+        elapsed = max(end - began, 1e-6)
+        done = max(progress.done, 0)
+        commits = after["commits"] - before["commits"] - (observer.statements if observer else 0)
+        wal = stats.wal_bytes(before["lsn"], after["lsn"])
+        own_wal = stats.own_wal_bytes(ctx.dsn, before["lsn"], after["lsn"])
+        executing = memory["executing"]
+        out.update(
+            {
+                "done": done,
+                "failed": progress.failed,
+                "elapsed": elapsed,
+                "throughput": done / elapsed,
+                "first_start_delay": (first - released) if first is not None else None,
+                "started_before_release": first is not None and first < released,
+                "commits": commits,
+                "rollbacks": after["rollbacks"] - before["rollbacks"],
+                "commits_per_step": commits / done if done else None,
+                "wal_bytes": wal,
+                "wal_bytes_per_step": wal / done if done else None,
+                "own_wal_bytes": own_wal,
+                "own_wal_error": stats.wal_error or None,
+                "own_wal_bytes_per_step": own_wal / done if done and own_wal is not None else None,
+                "checkpointed": stats.can_checkpoint,
+                "memory_kib": memory,
+                "rss_mib": _median_mib(executing, "rss"),
+                "pss_mib": _median_mib(executing, "pss"),
+                "uss_mib": _median_mib(executing, "uss"),
+            }
+        )
+        if progress.failed:
+            out["note"] = f"{progress.failed} tasks failed"
+        if progress.failed or out.get("capped"):
+            out["worker_log_tail"] = group.tail(15)[-3000:]
+        system.reset()
+        return out
+
+    # 3. enqueue -> start latency under an open-loop producer
+
+    def latency(self, system: System) -> dict[str, Any]:
+        mode, ctx = self.mode, self.ctx
+        system.reset()
+        group = system.start_workers(2, barrier=False)
+        rates: dict[str, Any] = {}
+        try:
+            group.wait_ready(system.expected_ready(2), timeout=90)
+            with ctx.connect() as conn:
+                # Warm-up: connections opened, code paths hot, then nothing left behind.
+                self.producer(system, "single", staged=False, timeout=60, n=10)
+                wait_for(lambda: not system.busy(conn), timeout=60, what="the warm-up")
+            for rate in mode.rates:
+                if self.over_budget():
+                    rates[str(rate)] = {"error": "skipped: time budget"}
+                    continue
+                try:
+                    rates[str(rate)] = self._latency_at(system, group.exited, rate)
+                except Exception as exc:
+                    rates[str(rate)] = {"error": f"{exc}"[:2000]}
+                    if group.exited():
+                        raise
+        finally:
+            stopped = group.stop()
+        system.reset()
+        return {"workers": 2, "rates": rates, "worker_stop_s": stopped}
+
+    def _latency_at(
+        self, system: System, exited: Callable[[], list[int]], rate: int
+    ) -> dict[str, Any]:
+        mode, ctx = self.mode, self.ctx
+        system.clear_queues()
+        result = self.producer(
+            system,
+            "openloop",
+            staged=False,
+            timeout=mode.latency_seconds * 4 + 60,
+            rate=rate,
+            duration=mode.latency_seconds,
+            senders=mode.senders,
+        )
+        records = [(int(r[0]), float(r[1]), float(r[2])) for r in result["records"]]
+        ids = [record[0] for record in records]
+        with ctx.connect() as conn:
+            starts: dict[int, float] = {}
+            deadline = time.monotonic() + 30
+            while True:
+                starts = system.start_times(conn, ids)
+                if len(starts) >= len(ids) or time.monotonic() > deadline or exited():
+                    break
+                time.sleep(0.25)
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda: not system.busy(conn), timeout=30, what="the queue to empty")
+        latencies = [(starts[i] - due) * 1000 for i, due, _ in records if i in starts]
+        lags = [(sent - due) * 1000 for _, due, sent in records]
+        out: dict[str, Any] = {
+            "sent": len(records),
+            "scheduled": result["count"],
+            "started": len(latencies),
+            "missing": len(records) - len(latencies),
+            "producer_errors": result["error_count"],
+        }
+        if result["errors"]:
+            out["producer_error_sample"] = result["errors"][:3]
+        if latencies:
+            out.update(
+                {
+                    "p50_ms": report.percentile(latencies, 50),
+                    "p99_ms": report.percentile(latencies, 99),
+                    "max_ms": max(latencies),
+                    "producer_lag_p50_ms": report.percentile(lags, 50),
+                    "producer_lag_p99_ms": report.percentile(lags, 99),
+                }
+            )
+        else:
+            out["error"] = "no task started"
+        return out
+
+
+def _median_mib(processes: list[dict[str, int]], field: str) -> float | None:
+    values = [p[field] for p in processes if field in p]
+    return statistics.median(values) / 1024 if values else None
