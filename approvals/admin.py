@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.contrib import admin
 
 from tasks_app.admin import ReadOnlyMixin
 
 from .models import ApprovalRequest
 
+if TYPE_CHECKING:
+    RequestModelAdmin = admin.ModelAdmin[ApprovalRequest]
+else:
+    RequestModelAdmin = admin.ModelAdmin
+
 
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class ApprovalRequestAdmin(ReadOnlyMixin, RequestModelAdmin):
     list_display = (
         "id",
         "task",

@@ -355,7 +355,7 @@ def _measured(
 
 def _brief(cell: dict[str, Any]) -> str:
     if cell.get("error"):
-        return "ERROR " + cell["error"].strip().splitlines()[-1][:200]
+        return "ERROR " + str(cell["error"]).strip().splitlines()[-1][:200]
     if cell["cell"] == "console":
         return (
             f"{cell['small']:,} tasks {cell['small_ms']:.1f} ms, {cell['large']:,} tasks "

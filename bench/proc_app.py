@@ -27,7 +27,7 @@ def make_app(dsn: str | None = None, **pool_args: Any) -> ProcApp:
     connector = procrastinate.PsycopgConnector(conninfo=dsn or os.environ[ENV_DSN], **pool_args)
     app = procrastinate.App(connector=connector)
 
-    @app.task(name="bench.noop", queue=PROC_QUEUE)
+    @app.task(name="bench.noop", queue=PROC_QUEUE)  # type: ignore[untyped-decorator]
     async def noop() -> None:
         return None
 

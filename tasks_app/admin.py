@@ -7,7 +7,7 @@ or history itself, and nothing can be changed or deleted here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -27,6 +27,15 @@ from .exceptions import IdempotencyConflict, InvalidInput, NotPermitted
 from .models import Event, Lease, Step, Task
 from .workflows import registry
 
+# The admin's classes are generic only to the type checker (subscripting them at run time
+# needs django-stubs-ext, a development dependency).
+if TYPE_CHECKING:
+    TabularInline = admin.TabularInline[Step, Task]
+    TaskModelAdmin = admin.ModelAdmin[Task]
+else:
+    TabularInline = admin.TabularInline
+    TaskModelAdmin = admin.ModelAdmin
+
 
 class ReadOnlyMixin:
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -39,7 +48,7 @@ class ReadOnlyMixin:
         return False
 
 
-class StepInline(ReadOnlyMixin, admin.TabularInline):
+class StepInline(ReadOnlyMixin, TabularInline):
     model = Step
     extra = 0
     can_delete = False
@@ -144,7 +153,7 @@ OPERATOR_ACTIONS = {
 
 
 @admin.register(Task)
-class TaskAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class TaskAdmin(ReadOnlyMixin, TaskModelAdmin):
     list_display = (
         "id",
         "workflow",

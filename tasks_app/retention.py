@@ -23,7 +23,7 @@ def delete_events(event_ids: Sequence[int]) -> int:
             cursor.execute("SET LOCAL tasks_app.retention = 'on'")
         placeholders = ", ".join(["%s"] * len(event_ids))
         cursor.execute(f"DELETE FROM {table} WHERE id IN ({placeholders})", list(event_ids))  # noqa: S608
-        deleted = cursor.rowcount
+        deleted: int = cursor.rowcount
         if connection.vendor == "postgresql":
             # Called inside an outer transaction, this block is only a savepoint and the
             # SET LOCAL would last until the outer transaction ends: switch it off again so

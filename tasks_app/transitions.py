@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -41,7 +42,7 @@ def db_now() -> datetime:
     return timezone.now()
 
 
-def now_plus(seconds: float) -> ExpressionWrapper:
+def now_plus(seconds: float) -> ExpressionWrapper[CombinedExpression]:
     return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
 
 

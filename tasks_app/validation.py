@@ -127,11 +127,12 @@ def validate_queue(queue: Any, *, field: str = "queue") -> str:
 def validate_priority(priority: Any) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidInput("priority", "integer", "priority: must be an integer")
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+    value: int = priority
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
         raise InvalidInput(
             "priority", "range", f"priority: must be from {MIN_PRIORITY} to {MAX_PRIORITY}"
         )
-    return priority
+    return value
 
 
 def validate_run_after(run_after: Any) -> datetime | None:

@@ -32,7 +32,8 @@ HOSTILE_URL = "javascript:alert(3)"
 
 
 def body(response: HttpResponseBase) -> str:
-    return response.content.decode()  # type: ignore[attr-defined]
+    content: bytes = response.content  # type: ignore[attr-defined]
+    return content.decode()
 
 
 # --- htmx partials and full pages -------------------------------------------------------------

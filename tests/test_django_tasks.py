@@ -51,7 +51,7 @@ def explode(message: str) -> None:
 
 
 @task(takes_context=True)
-def which_attempt(context: TaskContext) -> str:
+def which_attempt(context: TaskContext[Any, Any]) -> str:
     return context.task_result.id
 
 

@@ -36,7 +36,8 @@ def _raw(sql: str, params: list[int]) -> int:
     """Run one statement in its own savepoint, so a refusal leaves the test usable."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        count: int = cursor.rowcount
+        return count
 
 
 def _assert_refused_by_trigger(excinfo: pytest.ExceptionInfo[DatabaseError], op: str) -> None:
