@@ -29,7 +29,7 @@ def decidable_by(actor: Actor) -> list[ApprovalRequest]:
     """The pending requests ``actor`` may decide (:func:`services.may_decide`), the
     longest waiting first."""
     requests = pending_requests().order_by("created_at", "id")
-    return [request for request in requests if may_decide(request, actor) is None]
+    return [request for request in requests if may_decide(request, actor)]
 
 
 # --- the review page --------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def _decide(
     with transaction.atomic():
         task = core.lock_task(request.task_id)
         locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
-        refused = may_decide(locked, actor, task)
+        refused = decide_refusal(locked, actor, task)
         if refused is not None:
             raise NotPermitted(refused)
         if locked.status != ApprovalStatus.PENDING:
@@ -123,8 +123,8 @@ def _decide(
             core.close_approval_step(
                 task,
                 locked.step_id,
-                outcome=StepStatus.SUCCEEDED if approved else StepStatus.CANCELLED,
-                kind=EventKind.APPROVED if approved else EventKind.REJECTED,
+                step_status=StepStatus.SUCCEEDED if approved else StepStatus.CANCELLED,
+                event_kind=EventKind.APPROVED if approved else EventKind.REJECTED,
                 actor=actor,
                 reason=comment,
                 # What the steps after the review read: who approved which draft.
@@ -143,7 +143,7 @@ def _decide(
     return locked
 
 
-def may_decide(request: ApprovalRequest, actor: Actor, task: Task | None = None) -> str | None:
+def decide_refusal(request: ApprovalRequest, actor: Actor, task: Task | None = None) -> str | None:
     """Why ``actor`` may not decide ``request``, or ``None`` when they may.
 
     The same rules the decisions apply, for pages and lists to offer only what will be
@@ -170,6 +170,11 @@ def may_decide(request: ApprovalRequest, actor: Actor, task: Task | None = None)
         part for part in (f"group {group}" if group else "", ", ".join(users)) if part
     )
     return f"approval #{request.pk} may be decided by {allowed}"
+
+
+def may_decide(request: ApprovalRequest, actor: Actor, task: Task | None = None) -> bool:
+    """Whether ``actor`` may decide ``request`` (:func:`decide_refusal` says why not)."""
+    return decide_refusal(request, actor, task) is None
 
 
 def _check_actor(actor: Actor) -> None:
@@ -260,8 +265,8 @@ def expire_due(limit: int = 500) -> int:
             core.close_approval_step(
                 task,
                 request.step_id,
-                outcome=StepStatus.DEAD if dead else StepStatus.CANCELLED,
-                kind=EventKind.APPROVAL_EXPIRED,
+                step_status=StepStatus.DEAD if dead else StepStatus.CANCELLED,
+                event_kind=EventKind.APPROVAL_EXPIRED,
                 actor=core.SWEEPER,
                 reason="approval_expired",
                 error=f"approval #{request.pk} expired at {request.expires_at.isoformat()} "

@@ -327,7 +327,7 @@ def _review_page(
     context = {
         "r": approval_selectors.review(approval),
         "form": form or forms.DecisionForm(initial={"draft_hash": approval.draft_hash}),
-        "refused": approval_services.may_decide(approval, request.user),
+        "refused": approval_services.decide_refusal(approval, request.user),
         "error": error,
         "done": done,
     }

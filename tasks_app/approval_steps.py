@@ -96,8 +96,8 @@ def close_approval_step(
     task: Task,
     step_id: int,
     *,
-    outcome: str,
-    kind: str,
+    step_status: str,
+    event_kind: str,
     actor: Actor,
     reason: str = "",
     result: Any = None,
@@ -107,10 +107,10 @@ def close_approval_step(
     """Settle a waiting approval step; the caller holds the task's lock (:func:`lock_task`)
     and has recorded the decision. Returns the task's new status.
 
-    ``outcome`` is ``succeeded`` (approved: ``result`` is stored and the next step made
+    ``step_status`` is ``succeeded`` (approved: ``result`` is stored and the next step made
     due), ``cancelled`` (rejected, or expired under the cancel policy: the task's
     remaining steps are cancelled with it) or ``dead`` (expired under the dead-letter
-    policy: ``error`` says why, and on-call redrives or cancels). One event of ``kind``
+    policy: ``error`` says why, and on-call redrives or cancels). One event of ``event_kind``
     with ``actor`` and ``reason`` records the change; a task that dies or is cancelled
     by it also gets its ``dead_lettered`` or ``cancelled`` event (actor ``system``).
     """
@@ -120,27 +120,27 @@ def close_approval_step(
     bells: list[Doorbell] = []
     step.finished_at = now
     reached = None
-    if outcome == StepStatus.SUCCEEDED:
+    if step_status == StepStatus.SUCCEEDED:
         step.status = StepStatus.SUCCEEDED
         step.result = result
         step.save(update_fields=["status", "result", "finished_at"])
         due, reached = after_success(task, step, now)
         changed += due
         bells = [Doorbell(s.pk, s.queue) for s in due]
-    elif outcome == StepStatus.CANCELLED:
+    elif step_status == StepStatus.CANCELLED:
         step.status = StepStatus.CANCELLED
         step.save(update_fields=["status", "finished_at"])
         changed += cancel_steps(task, (StepStatus.BLOCKED, StepStatus.PENDING), now)
-    elif outcome == StepStatus.DEAD:
+    elif step_status == StepStatus.DEAD:
         step.status = StepStatus.DEAD
-        step.error_class = kind
+        step.error_class = event_kind
         step.last_error = error
         step.save(update_fields=["status", "finished_at", "error_class", "last_error"])
     else:
-        raise ValueError(f"close_approval_step: unknown outcome {outcome!r}")
+        raise ValueError(f"close_approval_step: unknown step_status {step_status!r}")
     status = settle_task(task)
     record_event(
-        kind,
+        event_kind,
         task_id=task.pk,
         step_id=step.pk,
         actor=actor,
@@ -154,13 +154,13 @@ def close_approval_step(
     # A task that ends here ends with its status event too, as every other path does, so
     # timelines and dead-letter and cancel counts read one kind of event for each.
     who, _ = actor_fields(actor)
-    if outcome == StepStatus.DEAD:
+    if step_status == StepStatus.DEAD:
         record_event(
             EventKind.DEAD_LETTERED,
             task_id=task.pk,
             step_id=step.pk,
             actor=SYSTEM,
-            reason=kind,
+            reason=event_kind,
             task_status=status,
         )
     elif status == TaskStatus.CANCELLED:
@@ -168,7 +168,7 @@ def close_approval_step(
             EventKind.CANCELLED,
             task_id=task.pk,
             actor=SYSTEM,
-            reason=f"{kind} by {who}",
+            reason=f"{event_kind} by {who}",
             task_status=status,
         )
     ring_on_commit(bells)

@@ -329,11 +329,11 @@ def test_may_decide_offers_only_what_a_decision_would_accept(
 ) -> None:
     _, approval = _waiting_article(actor=author)
 
-    assert approvals.may_decide(approval, editor) is None
-    assert approvals.may_decide(approval, superuser) is None
-    assert "enqueued" in (approvals.may_decide(approval, author) or "")
-    assert "permission" in (approvals.may_decide(approval, outsider) or "")
-    assert approvals.may_decide(approval, None) is not None
+    assert approvals.decide_refusal(approval, editor) is None
+    assert approvals.decide_refusal(approval, superuser) is None
+    assert "enqueued" in (approvals.decide_refusal(approval, author) or "")
+    assert "permission" in (approvals.decide_refusal(approval, outsider) or "")
+    assert approvals.decide_refusal(approval, None) is not None
     with pytest.raises(NotPermitted, match="enqueued"):
         approvals.approve(approval, actor=author)
 
