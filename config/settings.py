@@ -251,6 +251,9 @@ TASKS_SWEEP_SECONDS = env_int("TASKS_SWEEP_SECONDS", 5)
 TASKS_REDISPATCH_SECONDS = env_int("TASKS_REDISPATCH_SECONDS", 30)
 # A worker woken by a doorbell claims due steps in batches of up to this many ...
 TASKS_CLAIM_BATCH = env_int("TASKS_CLAIM_BATCH", 50)
+# On PostgreSQL the hot paths (batch claims and completions, bulk inserts) run as single
+# SQL statements; off, they run the ORM code the embedded SQLite mode runs.
+TASKS_SQL_FAST_PATH = env_bool("TASKS_SQL_FAST_PATH", default=True)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
 # The remotes of publish_article (PUBLISH_URL) and ticket_reply (MAIL_URL), the approvals

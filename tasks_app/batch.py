@@ -27,7 +27,7 @@ from .dispatch import Doorbell, ring_on_commit
 from .leases import Claim
 from .models import Step, Task, TaskStatus
 from .signals import announce_on_commit
-from .transitions import paused_filter
+from .transitions import paused_filter, uses_sql
 
 if TYPE_CHECKING:
     from .enqueueing import PreparedItem
@@ -184,7 +184,7 @@ def claim_batch(
     The queue is ``queue``, or else the named step's. Nothing is claimed in a paused queue.
     """
     lease = lease_seconds or settings.TASKS_LEASE_SECONDS
-    if connection.vendor != "postgresql":
+    if not uses_sql():
         return _claim_batch_one_by_one(worker_id, limit, step_id, queue, lease)
     with transaction.atomic(), _cursor() as cursor:
         cursor.execute(
@@ -251,7 +251,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
     """
     if not done:
         return set()
-    if connection.vendor != "postgresql":
+    if not uses_sql():
         return {claim.step_id for claim, result in done if leases.complete_step(claim, result)}
     # A claim given twice is one completion and one stale write, as one by one.
     first: dict[tuple[int, int], tuple[Claim, Any]] = {}

@@ -15,7 +15,7 @@ from .access import Actor, actor_fields
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import IdempotencyConflict, InvalidInput
 from .models import Event, EventKind, Step, StepStatus, Task, TaskStatus, step_key
-from .transitions import bump_counter, db_now, step_state
+from .transitions import bump_counter, db_now, step_state, uses_sql
 from .workflows import Workflow, registry
 
 
@@ -120,10 +120,10 @@ def enqueue_many(items: Sequence[dict[str, Any]], *, actor: Actor = None) -> lis
 
 
 def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueResult]:
-    # On PostgreSQL one item outside a transaction is one statement in autocommit: it
+    # With the SQL path, one item outside a transaction is one statement in autocommit: it
     # either inserts the task with its steps and event, or finds the key taken and writes
     # nothing, so there is nothing to make atomic.
-    alone = len(items) == 1 and connection.vendor == "postgresql"
+    alone = len(items) == 1 and uses_sql()
     for round_ in range(3):
         try:
             if alone and not connection.in_atomic_block:
@@ -173,7 +173,7 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
             firsts[key] = index
         unique.append((index, item))
 
-    if connection.vendor == "postgresql":
+    if uses_sql():
         from .batch import insert_tasks
 
         created = insert_tasks(unique, author=author, user_id=user_id)

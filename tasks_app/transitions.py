@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.expressions import CombinedExpression
@@ -30,6 +31,14 @@ from .models import (
 )
 from .signals import announce_on_commit
 from .workflows import StepContext, registry
+
+
+def uses_sql() -> bool:
+    """Whether the hot paths run their PostgreSQL statements (``tasks_app.batch``) or the
+    ORM code they restate. The one switch: PostgreSQL with ``TASKS_SQL_FAST_PATH`` on (the
+    default); off, PostgreSQL runs the same ORM code as the embedded SQLite mode, so the
+    tests exercise that code in-process."""
+    return connection.vendor == "postgresql" and bool(settings.TASKS_SQL_FAST_PATH)
 
 
 def db_now() -> datetime:
