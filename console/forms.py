@@ -17,8 +17,8 @@ from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 
+from tasks_app.lists import AuditFilter, DeadFilter, TaskFilter, workflow_names
 from tasks_app.models import EventKind, TaskStatus
-from tasks_app.selectors import AuditFilter, DeadFilter, TaskFilter, workflow_names
 
 
 def _choices(values: list[str], blank: str = "any") -> list[tuple[str, str]]:

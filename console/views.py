@@ -30,7 +30,7 @@ from django_htmx.middleware import HtmxDetails
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
-from tasks_app import selectors, services
+from tasks_app import lists, selectors, services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Task
 
@@ -92,7 +92,7 @@ def overview(request: ConsoleRequest) -> HttpResponse:
 @view_tasks
 def task_list(request: ConsoleRequest) -> HttpResponse:
     form = forms.TaskFilterForm(request.GET)
-    page = selectors.task_page(form.filters(), after=form.cursor())
+    page = lists.task_page(form.filters(), after=form.cursor())
     return _page(request, "console/tasks.html", {"form": form, "page": page}, partial="results")
 
 
@@ -230,8 +230,8 @@ def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, 
     filters = filter_form.filters()
     return {
         "form": filter_form,
-        "page": selectors.dead_letter_page(filters, after=filter_form.cursor()),
-        "error_classes": selectors.dead_error_classes(),
+        "page": lists.dead_letter_page(filters, after=filter_form.cursor()),
+        "error_classes": lists.dead_error_classes(),
         "bulk_form": extra.pop("bulk_form", None)
         or forms.BulkForm(initial={**filters.__dict__, "limit": settings.CONSOLE_BULK_LIMIT}),
         "bulk_limit": settings.CONSOLE_BULK_LIMIT,
@@ -256,7 +256,7 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
     status, report, preview = 200, None, None
     error = ""
     if form.is_valid():
-        matching = selectors.dead_tasks(form.filters()).order_by("id")
+        matching = lists.dead_tasks(form.filters()).order_by("id")
         limit = form.cleaned_data["limit"]
         if not form.cleaned_data["confirm"]:
             preview = {"count": matching.count(), "limit": limit}
@@ -419,8 +419,8 @@ def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
 @permission_required(VIEW_AUDIT, raise_exception=True)
 def audit(request: ConsoleRequest) -> HttpResponse:
     form = forms.AuditFilterForm(request.GET)
-    page = selectors.audit_page(form.filters(), after=form.cursor())
-    workflows = selectors.task_workflows([e.task_id for e in page.rows if e.task_id])
+    page = lists.audit_page(form.filters(), after=form.cursor())
+    workflows = lists.task_workflows([e.task_id for e in page.rows if e.task_id])
     rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
     context = {"form": form, "page": page, "rows": rows}
     return _page(request, "console/audit.html", context, partial="results")
@@ -439,7 +439,7 @@ class _Echo:
 def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
     """The filtered audit log as CSV, streamed row by row, newest first."""
     form = forms.AuditFilterForm(request.GET)
-    events = selectors.audit_events(form.filters()).order_by("-id")
+    events = lists.audit_events(form.filters()).order_by("-id")
 
     def rows() -> Iterator[str]:
         writer = csv.writer(_Echo())

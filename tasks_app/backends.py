@@ -31,12 +31,22 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from . import services, validation
+
+# The error classes a result may name are part of this module's API.
+from .django_task_errors import FunctionMissing as FunctionMissing
+from .django_task_errors import InvalidReturnValue as InvalidReturnValue
+from .django_task_errors import LeaseExpired as LeaseExpired
+from .django_task_errors import TaskCancelled as TaskCancelled
+from .django_task_errors import TaskExited as TaskExited
+from .django_task_errors import WorkerRefused as WorkerRefused
+from .django_task_errors import task_errors
 from .exceptions import InvalidInput, InvalidPayload, PermanentError
-from .models import Event, EventKind, Lease, Step, Task, TaskStatus
+from .models import Lease, Step, Task, TaskStatus
 from .signals import task_cancelled, task_dead_lettered, task_succeeded
 from .workflows import StepContext, StepSpec, Workflow, register
 
 logger = logging.getLogger(__name__)
+
 
 WORKFLOW = "django.task"
 ACTOR = "django.tasks"
@@ -52,35 +62,6 @@ STATUS = {
 
 # A result id is a task's primary key (a bigint).
 MAX_ID_DIGITS = 18
-
-
-# --- the errors a TaskResult can name, besides what the function raised ----------------------
-
-
-class FunctionMissing(PermanentError, ImportError):
-    """The worker could not import the task's function: retrying cannot help."""
-
-
-class InvalidReturnValue(PermanentError, TypeError):
-    """The function returned something that is not a JSON value: retrying cannot help."""
-
-
-class TaskExited(Exception):
-    """The function raised ``SystemExit`` (or another ``BaseException``): a failed
-    attempt, not the end of the worker process."""
-
-
-class LeaseExpired(Exception):
-    """The worker running an attempt stopped renewing its lease (it died or hung)."""
-
-
-class TaskCancelled(Exception):
-    """A person (or a command) cancelled the task."""
-
-
-class WorkerRefused(Exception):
-    """The worker would not run the step: its workflow version or step kind is not
-    registered there, or its result could not be stored."""
 
 
 # --- the backend --------------------------------------------------------------------------------
@@ -219,7 +200,7 @@ class DurableBackend(BaseTaskBackend):
                 .order_by("acquired_at", "token")
                 .values_list("worker_id", "acquired_at")
             )
-            errors = _errors(row, step)
+            errors = task_errors(row, step)
         result: TaskResult[..., Any] = TaskResult(
             task=task if task is not None else self._stored_task(row),
             id=str(row.pk),
@@ -302,65 +283,6 @@ def _vanished(path: str, reason: str) -> Callable[..., Any]:
     vanished.__module__ = module
     vanished.__name__ = vanished.__qualname__ = name
     return vanished
-
-
-# --- errors -------------------------------------------------------------------------------------
-
-# The events that end an attempt with an error, or end the task by a cancel.
-ERROR_EVENTS = (
-    EventKind.RETRY_SCHEDULED,
-    EventKind.DEAD_LETTERED,
-    EventKind.LEASE_EXPIRED,
-    EventKind.CANCEL_REQUESTED,
-    EventKind.CANCELLED,
-)
-CANCEL_EVENTS = (EventKind.CANCEL_REQUESTED, EventKind.CANCELLED)
-
-
-def _class_path(name: type[BaseException]) -> str:
-    return f"{name.__module__}.{name.__qualname__}"
-
-
-def _error(code: str, text: str) -> TaskError:
-    if "." in code:
-        return TaskError(exception_class_path=code, traceback=text)
-    # The core's own reasons (``incompatible_version``...) are codes, not class paths.
-    return TaskError(exception_class_path=_class_path(WorkerRefused), traceback=f"{code}: {text}")
-
-
-def _errors(row: Task, step: Step | None) -> list[TaskError]:
-    """One TaskError per failed attempt (what it raised, or an expired lease), and one per
-    cancel by someone other than the system, in order.
-
-    Events keep the first 2,000 characters of a traceback; the step keeps the last error
-    in full (its last 10,000), so the latest error reads from the step.
-    """
-    errors: list[TaskError] = []
-    # The latest attempt error: its index, class and text as the event holds them.
-    latest: tuple[int, str, str] | None = None
-    for kind, actor, reason, data in (
-        Event.objects.for_task(row.pk)
-        .filter(kind__in=ERROR_EVENTS)
-        .values_list("kind", "actor", "reason", "data")
-    ):
-        code, text = data.get("error_class"), data.get("error", "")
-        if code:
-            latest = (len(errors), code, text)
-            errors.append(_error(code, text))
-        elif kind == EventKind.LEASE_EXPIRED:
-            path = _class_path(LeaseExpired)
-            text = f"the lease of attempt {data.get('token')} expired before its worker reported"
-            errors.append(TaskError(exception_class_path=path, traceback=text))
-        elif kind in CANCEL_EVENTS and not actor.startswith("system"):
-            text = f"cancelled by {actor}: {reason}"
-            errors.append(
-                TaskError(exception_class_path=_class_path(TaskCancelled), traceback=text)
-            )
-    if latest is not None and step is not None:
-        index, code, text = latest
-        if step.error_class == code and step.last_error.startswith(text):
-            errors[index] = _error(code, step.last_error)
-    return errors
 
 
 # --- the idempotency key ------------------------------------------------------------------------

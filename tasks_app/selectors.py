@@ -1,22 +1,20 @@
-"""Read queries for the console's pages: counts, lists and one task's whole story.
+"""Read queries for the console's figures and one task's whole story (the lists are in
+``tasks_app.lists``).
 
 Every query here stays cheap as finished history grows: counts run over active work
 (the partial indexes on pending, running, waiting and dead rows) or over a bounded time
 window (the last hour or day, served by indexes on ``finished_at`` and on the rare event
-kinds), never over the whole history; lists page by keyset on ``id`` without OFFSET or
-a total count.
+kinds), never over the whole history.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from .models import (
@@ -31,7 +29,6 @@ from .models import (
     TaskStatus,
 )
 from .transitions import db_now, is_approval
-from .workflows import registry
 
 # --- the overview -----------------------------------------------------------------------------
 
@@ -202,101 +199,6 @@ def queues() -> list[QueueRow]:
     ]
 
 
-# --- lists ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Page[T]:
-    """One keyset page: rows newest first, and the ``after`` value of the next page."""
-
-    rows: list[T]
-    next_after: int | None
-
-
-def keyset_page[M: Task | Event | Step](
-    queryset: QuerySet[M], *, after: int | None, size: int | None = None, key: str = "id"
-) -> Page[M]:
-    """Rows with ``key`` below ``after``, highest first; one extra row tells whether an
-    older page exists, so no count is needed."""
-    size = size or settings.CONSOLE_PAGE_SIZE
-    if after is not None:
-        queryset = queryset.filter(**{f"{key}__lt": after})
-    rows = list(queryset.order_by(f"-{key}")[: size + 1])
-    more = len(rows) > size
-    rows = rows[:size]
-    return Page(rows, _key_of(rows[-1], key) if more else None)
-
-
-def _key_of(row: Any, key: str) -> int:
-    value = row
-    for part in key.split("__"):
-        value = getattr(value, part if part != "task" else "task_id")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class TaskFilter:
-    status: str = ""
-    workflow: str = ""
-    queue: str = ""
-    key: str = ""
-    # A payload field as dotted path and the value it must hold (JSON, or else text).
-    payload: tuple[str, Any] | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-
-
-def tasks(filters: TaskFilter) -> QuerySet[Task]:
-    """Tasks matching ``filters``; the payload field by JSON containment, which the GIN
-    index on ``payload`` serves on PostgreSQL."""
-    queryset = _matching(
-        Task.objects.all(),
-        status=filters.status,
-        workflow=filters.workflow,
-        queue=filters.queue,
-        idempotency_key=filters.key,
-    )
-    if filters.payload is not None:
-        queryset = queryset.filter(_payload_matches(*filters.payload))
-    return _in_window(queryset, filters.since, filters.until)
-
-
-def _matching[M: Task | Event](queryset: QuerySet[M], **equal: str) -> QuerySet[M]:
-    """``queryset`` narrowed by each lookup given a value (an empty filter field is no
-    filter)."""
-    return queryset.filter(**{lookup: value for lookup, value in equal.items() if value})
-
-
-def _in_window[M: Task | Event](
-    queryset: QuerySet[M], since: datetime | None, until: datetime | None
-) -> QuerySet[M]:
-    """Rows created at or after ``since`` and before ``until``."""
-    if since is not None:
-        queryset = queryset.filter(created_at__gte=since)
-    if until is not None:
-        queryset = queryset.filter(created_at__lt=until)
-    return queryset
-
-
-def _payload_matches(path: str, value: Any) -> Q:
-    parts = path.split(".")
-    if connection.vendor == "postgresql":
-        nested: Any = value
-        for part in reversed(parts):
-            nested = {part: nested}
-        return Q(payload__contains=nested)
-    # SQLite has no JSON containment: the same path compared by key.
-    return Q(**{"payload__" + "__".join(parts): value})
-
-
-def task_page(filters: TaskFilter, *, after: int | None) -> Page[Task]:
-    return keyset_page(tasks(filters), after=after)
-
-
-def workflow_names() -> list[str]:
-    return registry.names()
-
-
 # --- one task ---------------------------------------------------------------------------------
 
 
@@ -379,106 +281,3 @@ def task_detail(task: Task) -> TaskDetail:
             step.position for step in steps if is_approval(task, step.position)
         ),
     )
-
-
-# --- dead letters -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeadFilter:
-    workflow: str = ""
-    queue: str = ""
-    error_class: str = ""
-
-
-def dead_tasks(filters: DeadFilter) -> QuerySet[Task]:
-    """Dead tasks matching ``filters`` (the bulk actions act on these)."""
-    queryset = _matching(Task.objects.dead(), workflow=filters.workflow, queue=filters.queue)
-    if filters.error_class:
-        queryset = queryset.filter(
-            Exists(
-                Step.objects.filter(
-                    task=OuterRef("pk"), status=StepStatus.DEAD, error_class=filters.error_class
-                )
-            )
-        )
-    return queryset
-
-
-def operator_targets(
-    *,
-    statuses: Collection[str],
-    ids: Collection[int] = (),
-    workflow: str = "",
-    queue: str = "",
-    error_class: str = "",
-    created_before: datetime | None = None,
-) -> QuerySet[Task]:
-    """Tasks an operator command acts on, oldest first: those in ``statuses`` (and not
-    already being cancelled), narrowed to ``ids`` when given, by the dead letters' filters
-    (``error_class`` is that of a dead step, as in :func:`dead_tasks`), and to those
-    created before ``created_before``."""
-    queryset = _matching(
-        Task.objects.filter(status__in=list(statuses), cancel_requested_at=None),
-        workflow=workflow,
-        queue=queue,
-    )
-    if ids:
-        queryset = queryset.filter(pk__in=list(ids))
-    if error_class:
-        queryset = queryset.filter(
-            pk__in=dead_tasks(DeadFilter(error_class=error_class)).values("pk")
-        )
-    if created_before is not None:
-        queryset = queryset.filter(created_at__lt=created_before)
-    return queryset.order_by("id")
-
-
-def dead_letter_page(filters: DeadFilter, *, after: int | None) -> Page[Step]:
-    """The dead steps of matching tasks, newest task first, with their task."""
-    steps = Step.objects.filter(
-        status=StepStatus.DEAD, task__in=dead_tasks(filters).values("pk")
-    ).select_related("task")
-    if filters.error_class:
-        steps = steps.filter(error_class=filters.error_class)
-    return keyset_page(steps, after=after, key="task")
-
-
-def dead_error_classes() -> list[str]:
-    """The error classes of today's dead letters, for the filter's choices."""
-    return list(
-        Step.objects.filter(status=StepStatus.DEAD, task__status=TaskStatus.DEAD)
-        .values_list("error_class", flat=True)
-        .distinct()
-        .order_by("error_class")
-    )
-
-
-# --- the audit log ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AuditFilter:
-    actor: str = ""
-    kind: str = ""
-    workflow: str = ""
-    since: datetime | None = None
-    until: datetime | None = None
-
-
-def audit_events(filters: AuditFilter) -> QuerySet[Event]:
-    queryset = _matching(Event.objects.all(), actor=filters.actor, kind=filters.kind)
-    if filters.workflow:
-        queryset = queryset.filter(
-            task_id__in=Task.objects.filter(workflow=filters.workflow).values("pk")
-        )
-    return _in_window(queryset, filters.since, filters.until)
-
-
-def audit_page(filters: AuditFilter, *, after: int | None) -> Page[Event]:
-    return keyset_page(audit_events(filters), after=after)
-
-
-def task_workflows(task_ids: Mapping[int, Any] | list[int]) -> dict[int, str]:
-    """Workflow names of the given tasks (for audit rows, whose task may be pruned)."""
-    return dict(Task.objects.filter(pk__in=list(task_ids)).values_list("pk", "workflow"))

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 
-from tasks_app import selectors, services, validation
+from tasks_app import lists, services, validation
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Event, Step, Task, TaskStatus
 
@@ -251,13 +251,11 @@ class TaskActionCommand(OperatorCommand):
         chosen: QuerySet[Task]
         if ids:
             self._check_known(ids)
-            applicable = selectors.operator_targets(statuses=self.statuses, ids=ids)
+            applicable = lists.operator_targets(statuses=self.statuses, ids=ids)
             # All of them: the service says why it skips those it does not apply to.
             chosen = Task.objects.filter(pk__in=ids).order_by("id")
         else:
-            applicable = chosen = selectors.operator_targets(
-                **{"statuses": self.statuses, **filters}
-            )
+            applicable = chosen = lists.operator_targets(**{"statuses": self.statuses, **filters})
         if options["dry_run"]:
             self._preview(action, applicable, ids, limit)
             return
@@ -267,10 +265,10 @@ class TaskActionCommand(OperatorCommand):
         self._summarise(report, limit)
 
     def _filters(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The filters given, checked, as :func:`selectors.operator_targets` takes them."""
+        """The filters given, checked, as :func:`lists.operator_targets` takes them."""
         given: dict[str, Any] = {}
         if options["workflow"] is not None:
-            names = selectors.workflow_names()
+            names = lists.workflow_names()
             if options["workflow"] not in names:
                 raise bad_input(f"workflow: must be one of {', '.join(names)}")
             given["workflow"] = options["workflow"]

@@ -1,0 +1,201 @@
+"""The statements of the hot path (``tasks_app.batch`` runs them on PostgreSQL).
+
+Each restates rules whose home is Python code, named beside it; ``tests/test_parity.py``
+runs the same scenarios through both and compares the rows and events they leave, and
+``tests/test_orm_path.py`` runs the Python side with this one switched off.
+"""
+
+from __future__ import annotations
+
+# ORM twin: leases.claim_step (one step), batch._claim_batch_one_by_one (many). "Due" is
+# models.StepQuerySet.due, "not paused" is transitions.paused_filter, the event's steps
+# triple is transitions.step_state.
+# One statement: pick due steps (the named one first) with their task rows, skipping rows
+# another transaction holds; mark them running with a raised token; write their leases,
+# their `claimed` events and the tasks' status.
+CLAIM_SQL = """
+WITH target AS (
+    SELECT COALESCE(%(queue)s, (SELECT queue FROM tasks_app_step WHERE id = %(step)s)) AS queue
+), open_queue AS (
+    SELECT queue FROM target
+    WHERE NOT EXISTS (
+        SELECT 1 FROM tasks_app_queuestate q WHERE q.name = target.queue AND q.paused
+    )
+), named AS (
+    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.id = %(step)s AND s.status = 'pending' AND s.available_at <= statement_timestamp()
+      AND s.queue = (SELECT queue FROM open_queue)
+    FOR UPDATE OF s, t SKIP LOCKED
+), more AS (
+    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.queue = (SELECT queue FROM open_queue) AND s.status = 'pending'
+      AND s.available_at <= statement_timestamp() AND s.id IS DISTINCT FROM %(step)s
+    ORDER BY s.priority DESC, s.available_at
+    LIMIT %(limit)s
+    FOR UPDATE OF s, t SKIP LOCKED
+), picked AS (
+    -- The named step first; when it cannot be claimed, its place goes to another.
+    SELECT id FROM (SELECT id, 0 AS rank FROM named UNION ALL SELECT id, 1 FROM more) AS c
+    ORDER BY rank LIMIT %(limit)s
+), claimed AS (
+    UPDATE tasks_app_step s
+    SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,
+        lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
+        started_at = statement_timestamp()
+    WHERE s.id IN (SELECT id FROM picked)
+    RETURNING s.id, s.task_id, s.queue, s.attempts, s.fencing_token, s.lease_expires_at,
+              s.priority, s.available_at
+), leases AS (
+    INSERT INTO tasks_app_lease (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
+    SELECT id, fencing_token, %(worker)s, statement_timestamp(), lease_expires_at, NULL, ''
+    FROM claimed
+), events AS (
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT task_id, id, 'claimed', %(actor)s, NULL, '',
+           jsonb_build_object(
+               'steps', jsonb_build_object(id::text, jsonb_build_array('running', attempts, fencing_token)),
+               'token', fencing_token, 'attempt', attempts, 'lease_seconds', %(lease)s
+           ),
+           statement_timestamp()
+    FROM claimed
+), tasks AS (
+    UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
+    FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
+)
+SELECT id, task_id, queue, attempts, fencing_token FROM claimed
+ORDER BY id = %(step)s DESC, priority DESC, available_at, id
+"""
+
+
+# ORM twin: transitions.lock_task, for many tasks in id order.
+LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
+
+
+# ORM twin: leases.complete_step. "What a success leads to" is transitions.after_success
+# (here: the step at the next position, which the runner guarantees is not an approval
+# step), the task's status is transitions.settle_task's, the steps triple
+# transitions.step_state's.
+# One statement after the tasks are locked: fenced success for every step still held by
+# its token, leases released, the next step of each task made due (unless a cancel was
+# requested), task status settled, and one `succeeded` event per step (plus `cancelled`).
+COMPLETE_SQL = """
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[], %(actors)s::text[])
+        AS i(id, token, result, actor)
+), done AS (
+    UPDATE tasks_app_step s
+    SET status = 'succeeded', result = i.result, finished_at = statement_timestamp(),
+        lease_expires_at = NULL
+    FROM input i
+    WHERE s.id = i.id AND s.fencing_token = i.token AND s.status = 'running'
+    RETURNING s.id, s.task_id, s.position, s.attempts, s.fencing_token
+), released AS (
+    UPDATE tasks_app_lease l SET released_at = statement_timestamp(), outcome = 'succeeded'
+    FROM done WHERE l.step_id = done.id AND l.token = done.fencing_token AND l.released_at IS NULL
+), nxt AS (
+    UPDATE tasks_app_step n
+    SET status = 'pending', available_at = statement_timestamp(),
+        dispatched_at = statement_timestamp()
+    FROM done JOIN tasks_app_task t ON t.id = done.task_id
+    WHERE n.task_id = done.task_id AND n.position = done.position + 1 AND n.status = 'blocked'
+      AND t.cancel_requested_at IS NULL
+    RETURNING n.id, n.task_id, n.queue, n.attempts, n.fencing_token
+), settled AS (
+    UPDATE tasks_app_task t
+    SET status = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN nxt.id IS NULL THEN 'succeeded' ELSE 'pending' END,
+        finished_at = CASE WHEN nxt.id IS NULL THEN statement_timestamp() END,
+        updated_at = statement_timestamp()
+    FROM done LEFT JOIN nxt ON nxt.task_id = done.task_id
+    WHERE t.id = done.task_id
+    RETURNING t.id, t.status
+), events AS (
+    -- A task's `succeeded` comes before its `cancelled`: ids follow the ORDER BY.
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT task_id, step_id, kind, actor, NULL, reason, data, statement_timestamp()
+    FROM (
+        SELECT done.task_id, done.id AS step_id, 'succeeded' AS kind, i.actor,
+               '' AS reason, 0 AS ord,
+               jsonb_build_object(
+                   'steps',
+                   jsonb_build_object(
+                       done.id::text, jsonb_build_array('succeeded', done.attempts, done.fencing_token)
+                   ) || CASE WHEN nxt.id IS NULL THEN '{}'::jsonb ELSE jsonb_build_object(
+                       nxt.id::text, jsonb_build_array('pending', nxt.attempts, nxt.fencing_token)
+                   ) END,
+                   'token', done.fencing_token, 'task_status', settled.status
+               ) AS data
+        FROM done JOIN input i ON i.id = done.id AND i.token = done.fencing_token
+             JOIN settled ON settled.id = done.task_id
+             LEFT JOIN nxt ON nxt.task_id = done.task_id
+        UNION ALL
+        SELECT settled.id, NULL, 'cancelled', 'system', 'cancel requested while the step ran', 1,
+               '{}'::jsonb
+        FROM settled WHERE settled.status = 'cancelled'
+    ) AS e
+    ORDER BY task_id, ord
+)
+SELECT 'done', id, fencing_token::text FROM done
+UNION ALL
+SELECT 'next', id, queue FROM nxt
+UNION ALL
+SELECT 'settled', id, status FROM settled WHERE status IN ('succeeded', 'cancelled')
+"""
+
+
+# ORM twin: enqueueing._insert_with_orm. Step keys are models.step_key's.
+# Each step's key is models.step_key's (revision 0), restated in SQL.
+# One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
+# enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.
+# Ids are drawn first so every row maps back to its item, and rows go in key order so two
+# batches sharing keys queue on them in one order instead of deadlocking.
+INSERT_SQL = """
+WITH input AS (
+    SELECT i.*, nextval(pg_get_serial_sequence('tasks_app_task', 'id')) AS id
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS i(
+        ord int, workflow text, version int, payload jsonb, hash text, key text, queue text,
+        priority int, run_after timestamptz
+    )
+), spec AS (
+    SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb)
+        AS s(ord int, position int, kind text, max_attempts int)
+), tasks AS (
+    INSERT INTO tasks_app_task (id, workflow, workflow_version, payload, payload_hash, idempotency_key,
+                                queue, priority, status, created_by, created_by_user_id,
+                                created_at, updated_at, finished_at, cancel_requested_at)
+    SELECT id, workflow, version, payload, hash, key, queue, priority, 'pending', %(author)s, %(user)s,
+           statement_timestamp(), statement_timestamp(), NULL, NULL
+    FROM input ORDER BY key, ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, created_at
+), steps AS (
+    INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, priority, attempts,
+                                max_attempts, available_at, idempotency_key, fencing_token,
+                                lease_expires_at, dispatched_at, result, last_error, error_class,
+                                started_at, finished_at)
+    SELECT t.id, s.position, 0, s.kind, CASE WHEN s.position = 0 THEN 'pending' ELSE 'blocked' END,
+           i.queue, i.priority, 0, s.max_attempts,
+           CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
+           COALESCE(i.key, 'task-' || t.id) || ':' || s.position || ':' || s.kind, 0,
+           NULL, CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
+           NULL, '', '', NULL, NULL
+    FROM tasks t JOIN input i ON i.id = t.id JOIN spec s ON s.ord = i.ord
+    ORDER BY t.id, s.position
+    RETURNING id, task_id, position, status, available_at
+), states AS (
+    SELECT task_id, jsonb_object_agg(id::text, jsonb_build_array(status, 0, 0)) AS steps,
+           min(id) FILTER (WHERE position = 0) AS first_step,
+           min(available_at) FILTER (WHERE position = 0) AS available_at
+    FROM steps GROUP BY task_id
+), events AS (
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT t.id, NULL, 'enqueued', %(author)s, %(user)s, '',
+           jsonb_build_object('workflow', i.workflow, 'version', i.version, 'queue', i.queue,
+                              'payload_hash', i.hash, 'steps', st.steps),
+           t.created_at
+    FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
+    ORDER BY t.id
+)
+SELECT i.ord, t.id, t.created_at, st.first_step, st.available_at
+FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
+"""
