@@ -19,7 +19,7 @@ from .transitions import (
     db_now,
     event_error,
     record_event,
-    settle_task,
+    settle_and_record,
     step_context,
 )
 from .workflows import AwaitDecision, registry
@@ -59,28 +59,24 @@ def open_approval_step(task: Task, step: Step, *, actor: Actor, reason: str = ""
         step.error_class, step.last_error = failure
         step.finished_at = db_now()
         step.save(update_fields=["status", "error_class", "last_error", "finished_at"])
-        status = settle_task(task)
-        record_event(
+        settle_and_record(
             EventKind.DEAD_LETTERED,
-            task_id=task.pk,
+            task,
             step_id=step.pk,
             actor=actor,
             reason="permanent_error",
             steps=[step],
             error_class=step.error_class,
             error=event_error(step.last_error),
-            task_status=status,
         )
         return
-    status = settle_task(task)
-    record_event(
+    settle_and_record(
         EventKind.APPROVAL_REQUESTED,
-        task_id=task.pk,
+        task,
         step_id=step.pk,
         actor=actor,
         reason=reason,
         steps=[step],
-        task_status=status,
         **data,
     )
 
@@ -138,15 +134,13 @@ def close_approval_step(
         step.save(update_fields=["status", "finished_at", "error_class", "last_error"])
     else:
         raise ValueError(f"close_approval_step: unknown step_status {step_status!r}")
-    status = settle_task(task)
-    record_event(
+    status = settle_and_record(
         event_kind,
-        task_id=task.pk,
+        task,
         step_id=step.pk,
         actor=actor,
         reason=reason,
         steps=changed,
-        task_status=status,
         **data,
     )
     if reached is not None:
@@ -232,17 +226,15 @@ def revise(
         for old in replaced
     ]
     Step.objects.bulk_create(fresh)
-    status = settle_task(task)
-    record_event(
+    settle_and_record(
         EventKind.CHANGES_REQUESTED,
-        task_id=task.pk,
+        task,
         step_id=approval.pk,
         actor=actor,
         reason=reason,
         steps=[*replaced, *fresh],
         revision=revision,
         back_to=back_to,
-        task_status=status,
         **data,
     )
     ring_on_commit([Doorbell(fresh[0].pk, fresh[0].queue)])

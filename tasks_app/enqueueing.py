@@ -12,6 +12,7 @@ from django.db import IntegrityError, connection, transaction
 
 from . import validation
 from .access import Actor, actor_fields
+from .batch import insert_tasks
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import IdempotencyConflict, InvalidInput
 from .models import Event, EventKind, Step, StepStatus, Task, TaskStatus, step_key
@@ -174,8 +175,6 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
         unique.append((index, item))
 
     if uses_sql():
-        from .batch import insert_tasks
-
         created = insert_tasks(unique, author=author, user_id=user_id)
     else:
         created = _insert_with_orm(unique, author=author, user_id=user_id)

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .models import StepStatus, TaskStatus
-
-if TYPE_CHECKING:
-    from .models import Task
+from .models import Event, EventKind, StepStatus, Task, TaskStatus
 
 
 def derive_task_status(
@@ -67,16 +64,12 @@ class TaskState:
 
 def fold(task: Task) -> TaskState:
     """The state a task's event history says it is in."""
-    from .models import Event
-
     return fold_events(Event.objects.for_task(task.pk).values_list("kind", "data"))
 
 
 def fold_events(events: Iterable[tuple[str, dict[str, Any] | None]]) -> TaskState:
     """The state given by a task's ``(kind, data)`` events, oldest first (for callers that
     read many tasks' events at once, such as the invariant checker)."""
-    from .models import EventKind
-
     steps: dict[int, StepState] = {}
     cancel_requested = False
     for kind, data in events:

@@ -27,7 +27,7 @@ from .transitions import (
     paused_filter,
     record_event,
     release_lease,
-    settle_task,
+    settle_and_record,
 )
 
 logger = logging.getLogger(__name__)
@@ -179,16 +179,14 @@ def complete_step(claim: Claim, result: Any) -> bool:
             if task.cancel_requested_at is None:
                 due, reached = after_success(task, step, now)
             changed = [step, *due]
-            status = settle_task(task)
             actor = f"worker:{claim.worker_id}"
-            record_event(
+            status = settle_and_record(
                 EventKind.SUCCEEDED,
-                task_id=task.pk,
+                task,
                 step_id=step.pk,
                 actor=actor,
                 steps=changed,
                 token=claim.token,
-                task_status=status,
             )
             if reached is not None:
                 open_approval_step(task, reached, actor=actor)
@@ -243,10 +241,9 @@ def fail_step(
                 if retry_in is not None:
                     reason = "max_attempts"
             step.save()
-            status = settle_task(task)
-            record_event(
+            settle_and_record(
                 kind,
-                task_id=task.pk,
+                task,
                 step_id=step.pk,
                 actor=f"worker:{claim.worker_id}",
                 reason=reason if kind == EventKind.DEAD_LETTERED else "",
@@ -255,7 +252,6 @@ def fail_step(
                 error_class=step.error_class,
                 error=event_error(step.last_error),
                 retry_in=retry_in if kind == EventKind.RETRY_SCHEDULED else None,
-                task_status=status,
             )
             ring_on_commit(bells)
             return True

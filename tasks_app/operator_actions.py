@@ -26,7 +26,7 @@ from .transitions import (
     is_approval,
     lock_task,
     record_event,
-    settle_task,
+    settle_and_record,
 )
 from .workflows import registry
 
@@ -88,14 +88,12 @@ def redrive(
             data = {"old_payload": locked.payload, "new_payload": json.loads(canonical)}
             locked.payload = data["new_payload"]
             locked.save(update_fields=["payload", "updated_at"])
-        status = settle_task(locked)
-        record_event(
+        settle_and_record(
             EventKind.REDRIVEN,
-            task_id=locked.pk,
+            locked,
             actor=actor,
             reason=reason,
             steps=dead,
-            task_status=status,
             **data,
         )
         _ring_or_open(locked, dead, actor=actor)
@@ -140,16 +138,14 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
             started.delete()
             _run_again(step, now)
             due, reached = [step], None
-        status = settle_task(locked)
-        record_event(
+        settle_and_record(
             EventKind.RESOLVED,
-            task_id=locked.pk,
+            locked,
             step_id=step.pk,
             actor=actor,
             reason=reason,
             steps=changed,
             outcome=outcome,
-            task_status=status,
         )
         _ring_or_open(locked, [*due, *([reached] if reached else [])], actor=actor)
     return locked
@@ -173,14 +169,12 @@ def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
         if running:
             locked.cancel_requested_at = now
             locked.save(update_fields=["cancel_requested_at", "updated_at"])
-        status = settle_task(locked)
-        record_event(
+        settle_and_record(
             EventKind.CANCEL_REQUESTED if running else EventKind.CANCELLED,
-            task_id=locked.pk,
+            locked,
             actor=actor,
             reason=reason,
             steps=steps,
-            task_status=status,
         )
     return locked
 

@@ -15,7 +15,14 @@ from django.db.models.functions import Now
 from .access import SWEEPER
 from .dispatch import Doorbell, ring_on_commit
 from .models import EventKind, Lease, Step, StepStatus
-from .transitions import db_now, lock_task, paused_filter, record_event, release_lease, settle_task
+from .transitions import (
+    db_now,
+    lock_task,
+    paused_filter,
+    record_event,
+    release_lease,
+    settle_and_record,
+)
 
 
 @dataclass(frozen=True)
@@ -91,16 +98,14 @@ def reap_expired_leases(*, limit: int = 500) -> int:
                 step.status, outcome = StepStatus.PENDING, "pending"
                 step.available_at = step.dispatched_at = now
             step.save()
-            status = settle_task(task)
-            record_event(
+            status = settle_and_record(
                 EventKind.LEASE_EXPIRED,
-                task_id=task_id,
+                task,
                 step_id=step_id,
                 actor=SWEEPER,
                 steps=[step],
                 token=token,
                 outcome=outcome,
-                task_status=status,
             )
             if step.status == StepStatus.CANCELLED:
                 record_event(

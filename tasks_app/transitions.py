@@ -84,6 +84,32 @@ def record_event(
     )
 
 
+def settle_and_record(
+    kind: str,
+    task: Task,
+    *,
+    step_id: int | None = None,
+    actor: Actor = None,
+    reason: str = "",
+    steps: Iterable[Step] = (),
+    **data: Any,
+) -> str:
+    """Settle the task's status from its steps, then record the transition's event with
+    the status it reached (``task_status``); returns that status."""
+    status = settle_task(task)
+    record_event(
+        kind,
+        task_id=task.pk,
+        step_id=step_id,
+        actor=actor,
+        reason=reason,
+        steps=steps,
+        task_status=status,
+        **data,
+    )
+    return status
+
+
 def event_error(text: str) -> str:
     """An error as its event keeps it: the end of a long traceback, where the exception
     and its message are."""
