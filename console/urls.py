@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import views
+from . import record_views, review_views, views
 
 app_name = "console"
 
@@ -15,12 +15,12 @@ urlpatterns = [
     path("tasks/<int:pk>/cancel/", views.task_cancel, name="task_cancel"),
     path("dead/", views.dead_letters, name="dead"),
     path("dead/bulk/", views.dead_bulk, name="dead_bulk"),
-    path("approvals/", views.approval_list, name="approvals"),
-    path("approvals/<int:pk>/", views.review, name="review"),
-    path("approvals/<int:pk>/decide/", views.decide, name="decide"),
-    path("queues/", views.queue_list, name="queues"),
-    path("queues/<str:name>/pause/", views.queue_pause, name="queue_pause"),
-    path("queues/<str:name>/resume/", views.queue_resume, name="queue_resume"),
-    path("audit/", views.audit, name="audit"),
-    path("audit/export.csv", views.audit_export, name="audit_export"),
+    path("approvals/", review_views.approval_list, name="approvals"),
+    path("approvals/<int:pk>/", review_views.review, name="review"),
+    path("approvals/<int:pk>/decide/", review_views.decide, name="decide"),
+    path("queues/", record_views.queue_list, name="queues"),
+    path("queues/<str:name>/pause/", record_views.queue_pause, name="queue_pause"),
+    path("queues/<str:name>/resume/", record_views.queue_resume, name="queue_resume"),
+    path("audit/", record_views.audit, name="audit"),
+    path("audit/export.csv", record_views.audit_export, name="audit_export"),
 ]

@@ -1,4 +1,6 @@
-"""The console's pages and actions.
+"""The console's shared view helpers, and its on-call pages: the overview, the task list,
+a task with its actions, and the dead letters with their bulk actions (the editors' pages
+are in ``review_views``, the queues and the audit log in ``record_views``).
 
 Each view parses a form, calls one selector or service, and answers with the page's
 partial for an htmx request, or the full page (a redirect after a successful plain POST).
@@ -9,9 +11,7 @@ refusals map to status codes here: :class:`NotPermitted` 403, :class:`InvalidInp
 
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -20,16 +20,13 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required, permission_required
 from django.contrib.auth.models import AnonymousUser, User
 from django.forms import Form
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
-from approvals import selectors as approval_selectors
-from approvals import services as approval_services
-from approvals.models import ApprovalRequest
 from tasks_app import lists, selectors, services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Task
@@ -50,7 +47,7 @@ EXPORT_AUDIT = "tasks_app.export_audit_log"
 view_tasks = permission_required(VIEW_TASKS, raise_exception=True)
 
 
-def _page(
+def render_page(
     request: ConsoleRequest,
     template: str,
     context: dict[str, Any],
@@ -82,7 +79,7 @@ login = login_not_required(
 def overview(request: ConsoleRequest) -> HttpResponse:
     summary = selectors.overview()
     context = {"o": summary, "chart": charts.throughput_chart(summary.throughput)}
-    return _page(request, "console/overview.html", context, partial="overview")
+    return render_page(request, "console/overview.html", context, partial="overview")
 
 
 # --- tasks ----------------------------------------------------------------------------------
@@ -93,7 +90,9 @@ def overview(request: ConsoleRequest) -> HttpResponse:
 def task_list(request: ConsoleRequest) -> HttpResponse:
     form = forms.TaskFilterForm(request.GET)
     page = lists.task_page(form.filters(), after=form.cursor())
-    return _page(request, "console/tasks.html", {"form": form, "page": page}, partial="results")
+    return render_page(
+        request, "console/tasks.html", {"form": form, "page": page}, partial="results"
+    )
 
 
 @require_GET
@@ -129,7 +128,7 @@ def _task_page(
         "cancel_form": _action_form("cancel_form"),
         **(action_forms or {}),
     }
-    return _page(request, "console/task_detail.html", context, partial="task", status=status)
+    return render_page(request, "console/task_detail.html", context, partial="task", status=status)
 
 
 # The task page's action forms share field names (the URL contract's ``reason``), so each
@@ -164,7 +163,7 @@ def _task_action(
     except NotPermitted as exc:
         return _task_page(request, task, status=403, error=f"Not permitted: {exc}")
     except InvalidInput as exc:
-        form.add_error(_form_field(form, exc), str(exc))
+        form.add_error(form_field(form, exc), str(exc))
         return _task_page(request, task, status=400, action_forms={form_name: form})
     except InvalidTransition as exc:
         task.refresh_from_db()
@@ -176,7 +175,7 @@ def _task_action(
     return redirect("console:task", pk=task.pk)
 
 
-def _form_field(form: Form, exc: InvalidInput) -> str | None:
+def form_field(form: Form, exc: InvalidInput) -> str | None:
     """The form field an input error belongs to (``payload.title`` is the payload's)."""
     name = exc.field.split(".", 1)[0].split("[", 1)[0]
     return name if name in form.fields else None
@@ -243,7 +242,7 @@ def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, 
 @view_tasks
 def dead_letters(request: ConsoleRequest) -> HttpResponse:
     context = _dead_context(forms.DeadFilterForm(request.GET))
-    return _page(request, "console/dead.html", context, partial="results")
+    return render_page(request, "console/dead.html", context, partial="results")
 
 
 @require_POST
@@ -272,7 +271,7 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
             except NotPermitted as exc:
                 status, error = 403, f"Not permitted: {exc}"
             except InvalidInput as exc:
-                form.add_error(_form_field(form, exc), str(exc))
+                form.add_error(form_field(form, exc), str(exc))
                 status = 400
     else:
         status = 400
@@ -282,7 +281,7 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
     if report is not None and not request.htmx:
         messages.success(request, _bulk_summary(report))
         return redirect(reverse("console:dead") + "?" + filter_form.filters_query())
-    response = _page(request, "console/dead.html", context, partial="bulk", status=status)
+    response = render_page(request, "console/dead.html", context, partial="bulk", status=status)
     if report is not None:
         # The list below the form reloads itself on this event.
         trigger_client_event(response, "deadChanged")
@@ -296,172 +295,3 @@ def _bulk_summary(report: services.BulkReport) -> str:
     if report.limited:
         text += "; more matched than the limit and were left alone"
     return text + "."
-
-
-# --- approvals ------------------------------------------------------------------------------
-
-
-@require_GET
-@permission_required(VIEW_APPROVALS, raise_exception=True)
-def approval_list(request: ConsoleRequest) -> HttpResponse:
-    context = {"requests": approval_selectors.decidable_by(request.user)}
-    return _page(request, "console/approvals.html", context, partial="results")
-
-
-@require_GET
-@permission_required(VIEW_APPROVALS, raise_exception=True)
-def review(request: ConsoleRequest, pk: int) -> HttpResponse:
-    approval = get_object_or_404(ApprovalRequest.objects.select_related("task", "step"), pk=pk)
-    return _review_page(request, approval)
-
-
-def _review_page(
-    request: ConsoleRequest,
-    approval: ApprovalRequest,
-    *,
-    form: forms.DecisionForm | None = None,
-    status: int = 200,
-    error: str = "",
-    done: str = "",
-) -> HttpResponse:
-    context = {
-        "r": approval_selectors.review(approval),
-        "form": form or forms.DecisionForm(initial={"draft_hash": approval.draft_hash}),
-        "refused": approval_services.decide_refusal(approval, request.user),
-        "error": error,
-        "done": done,
-    }
-    return _page(request, "console/review.html", context, partial="decision", status=status)
-
-
-DECISIONS: dict[str, tuple[Callable[..., ApprovalRequest], str]] = {
-    "approve": (approval_services.approve, "approved"),
-    "reject": (approval_services.reject, "rejected"),
-    "request_changes": (approval_services.request_changes, "sent back with your comment"),
-}
-
-
-@require_POST
-def decide(request: ConsoleRequest, pk: int) -> HttpResponse:
-    approval = get_object_or_404(ApprovalRequest.objects.select_related("task", "step"), pk=pk)
-    form = forms.DecisionForm(request.POST)
-    if not form.is_valid():
-        return _review_page(request, approval, form=form, status=400)
-    call, verb = DECISIONS[form.cleaned_data["decision"]]
-    try:
-        call(
-            approval,
-            actor=request.user,
-            comment=form.cleaned_data["comment"],
-            draft_hash=form.cleaned_data["draft_hash"],
-        )
-    except NotPermitted as exc:
-        return _review_page(request, approval, form=form, status=403, error=f"Not permitted: {exc}")
-    except InvalidInput as exc:
-        form.add_error(_form_field(form, exc), str(exc))
-        return _review_page(request, approval, form=form, status=400)
-    except InvalidTransition as exc:
-        approval.refresh_from_db()
-        return _review_page(request, approval, form=form, status=409, error=str(exc))
-    done = f"Approval #{approval.pk} {verb}."
-    if not request.htmx:
-        messages.success(request, done)
-        return redirect("console:approvals")
-    approval.refresh_from_db()
-    return _review_page(request, approval, done=done)
-
-
-# --- queues ---------------------------------------------------------------------------------
-
-
-@require_GET
-@view_tasks
-def queue_list(request: ConsoleRequest) -> HttpResponse:
-    return _queues_page(request)
-
-
-def _queues_page(request: ConsoleRequest, *, status: int = 200, error: str = "") -> HttpResponse:
-    context = {"queues": selectors.queues(), "form": forms.ReasonForm(), "error": error}
-    return _page(request, "console/queues.html", context, partial="queues", status=status)
-
-
-def _queue_action(request: ConsoleRequest, name: str, *, paused: bool) -> HttpResponse:
-    form = forms.ReasonForm(request.POST)
-    form.is_valid()
-    switch = services.pause_queue if paused else services.resume_queue
-    try:
-        switch(name, actor=request.user, reason=form.cleaned_data.get("reason", ""))
-    except NotPermitted as exc:
-        return _queues_page(request, status=403, error=f"Not permitted: {exc}")
-    except InvalidInput as exc:
-        return _queues_page(request, status=400, error=f"Queue {name}: {exc}")
-    done = f"Queue {name} {'paused' if paused else 'resumed'}."
-    messages.success(request, done)
-    if request.htmx:
-        return _queues_page(request)
-    return redirect("console:queues")
-
-
-@require_POST
-def queue_pause(request: ConsoleRequest, name: str) -> HttpResponse:
-    return _queue_action(request, name, paused=True)
-
-
-@require_POST
-def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
-    return _queue_action(request, name, paused=False)
-
-
-# --- audit log ------------------------------------------------------------------------------
-
-
-@require_GET
-@permission_required(VIEW_AUDIT, raise_exception=True)
-def audit(request: ConsoleRequest) -> HttpResponse:
-    form = forms.AuditFilterForm(request.GET)
-    page = lists.audit_page(form.filters(), after=form.cursor())
-    workflows = lists.task_workflows([e.task_id for e in page.rows if e.task_id])
-    rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
-    context = {"form": form, "page": page, "rows": rows}
-    return _page(request, "console/audit.html", context, partial="results")
-
-
-AUDIT_COLUMNS = ["id", "created_at", "kind", "actor", "task_id", "step_id", "reason", "data"]
-
-
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
-@require_GET
-@permission_required(EXPORT_AUDIT, raise_exception=True)
-def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
-    """The filtered audit log as CSV, streamed row by row, newest first."""
-    form = forms.AuditFilterForm(request.GET)
-    events = lists.audit_events(form.filters()).order_by("-id")
-
-    def rows() -> Iterator[str]:
-        writer = csv.writer(_Echo())
-        yield writer.writerow(AUDIT_COLUMNS)
-        for event in events.iterator(chunk_size=2000):
-            yield writer.writerow(
-                [
-                    event.pk,
-                    event.created_at.isoformat(),
-                    event.kind,
-                    event.actor,
-                    event.task_id or "",
-                    event.step_id or "",
-                    event.reason,
-                    _json_line(event.data),
-                ]
-            )
-
-    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
-    return response
-
-
-def _json_line(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)

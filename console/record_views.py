@@ -1,0 +1,121 @@
+"""The queues page with its switches, and the audit log with its CSV export."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import permission_required
+from django.http import HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_GET, require_POST
+
+from tasks_app import lists, selectors, services
+from tasks_app.exceptions import InvalidInput, NotPermitted
+
+from . import forms
+from .views import (
+    EXPORT_AUDIT,
+    VIEW_AUDIT,
+    ConsoleRequest,
+    render_page,
+    view_tasks,
+)
+
+# --- queues ---------------------------------------------------------------------------------
+
+
+@require_GET
+@view_tasks
+def queue_list(request: ConsoleRequest) -> HttpResponse:
+    return _queues_page(request)
+
+
+def _queues_page(request: ConsoleRequest, *, status: int = 200, error: str = "") -> HttpResponse:
+    context = {"queues": selectors.queues(), "form": forms.ReasonForm(), "error": error}
+    return render_page(request, "console/queues.html", context, partial="queues", status=status)
+
+
+def _queue_action(request: ConsoleRequest, name: str, *, paused: bool) -> HttpResponse:
+    form = forms.ReasonForm(request.POST)
+    form.is_valid()
+    switch = services.pause_queue if paused else services.resume_queue
+    try:
+        switch(name, actor=request.user, reason=form.cleaned_data.get("reason", ""))
+    except NotPermitted as exc:
+        return _queues_page(request, status=403, error=f"Not permitted: {exc}")
+    except InvalidInput as exc:
+        return _queues_page(request, status=400, error=f"Queue {name}: {exc}")
+    done = f"Queue {name} {'paused' if paused else 'resumed'}."
+    messages.success(request, done)
+    if request.htmx:
+        return _queues_page(request)
+    return redirect("console:queues")
+
+
+@require_POST
+def queue_pause(request: ConsoleRequest, name: str) -> HttpResponse:
+    return _queue_action(request, name, paused=True)
+
+
+@require_POST
+def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
+    return _queue_action(request, name, paused=False)
+
+
+# --- audit log ------------------------------------------------------------------------------
+
+
+@require_GET
+@permission_required(VIEW_AUDIT, raise_exception=True)
+def audit(request: ConsoleRequest) -> HttpResponse:
+    form = forms.AuditFilterForm(request.GET)
+    page = lists.audit_page(form.filters(), after=form.cursor())
+    workflows = lists.task_workflows([e.task_id for e in page.rows if e.task_id])
+    rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
+    context = {"form": form, "page": page, "rows": rows}
+    return render_page(request, "console/audit.html", context, partial="results")
+
+
+AUDIT_COLUMNS = ["id", "created_at", "kind", "actor", "task_id", "step_id", "reason", "data"]
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+@require_GET
+@permission_required(EXPORT_AUDIT, raise_exception=True)
+def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
+    """The filtered audit log as CSV, streamed row by row, newest first."""
+    form = forms.AuditFilterForm(request.GET)
+    events = lists.audit_events(form.filters()).order_by("-id")
+
+    def rows() -> Iterator[str]:
+        writer = csv.writer(_Echo())
+        yield writer.writerow(AUDIT_COLUMNS)
+        for event in events.iterator(chunk_size=2000):
+            yield writer.writerow(
+                [
+                    event.pk,
+                    event.created_at.isoformat(),
+                    event.kind,
+                    event.actor,
+                    event.task_id or "",
+                    event.step_id or "",
+                    event.reason,
+                    _json_line(event.data),
+                ]
+            )
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
+    return response
+
+
+def _json_line(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

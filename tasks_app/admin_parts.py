@@ -1,0 +1,121 @@
+"""The task admin's parts: changelist filters, the operator actions it offers, and the
+escaped HTML its read-only pages show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .exceptions import IdempotencyConflict
+from .models import Task
+from .workflows import registry
+
+# --- changelist filters and search -----------------------------------------------------------
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """Registered workflows, not a DISTINCT over every task ever enqueued."""
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in registry.names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
+        return queryset.filter(workflow=self.value()) if self.value() else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """The configured queues (``TASKS_QUEUES``)."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in settings.TASKS_QUEUES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+# --- operator actions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    """An action of the changelist; ``name`` is its key in ``services.BULK_ACTIONS``."""
+
+    name: str
+    label: str
+    done: str
+    explanation: str
+
+
+OPERATOR_ACTIONS = {
+    action.name: action
+    for action in (
+        OperatorAction(
+            "redrive",
+            "Redrive",
+            "redriven",
+            "Each dead step runs again with a fresh attempt budget and the same step key "
+            "(an approval step gets a new request). Tasks without a dead step are skipped.",
+        ),
+        OperatorAction(
+            "resolve_done",
+            "Mark done",
+            "marked done",
+            "It happened: each task's first dead step is marked succeeded, with the reason "
+            "as its note, and the task continues. Approval steps cannot be marked done; "
+            "tasks without a dead step are skipped.",
+        ),
+        OperatorAction(
+            "resolve_retry",
+            "Run again",
+            "sent to run again",
+            "It did not happen: each task's first dead step runs again, and its unfinished "
+            "side effects are forgotten so the next attempt calls the remote again. Tasks "
+            "without a dead step are skipped.",
+        ),
+        OperatorAction(
+            "cancel",
+            "Cancel",
+            "cancelled",
+            "Pending, blocked, waiting and dead steps are cancelled; a running step is asked "
+            "to stop. Completed side effects are not undone. Tasks that already succeeded or "
+            "were cancelled are skipped.",
+        ),
+    )
+}
+
+
+def conflict_message(exc: IdempotencyConflict) -> SafeString | str:
+    if exc.task_id is None:
+        return str(exc)
+    return format_html(
+        'The key {} is taken by <a href="{}">task #{}</a> with a different workflow or '
+        "payload; nothing was stored.",
+        exc.idempotency_key,
+        reverse("admin:tasks_app_task_change", args=[exc.task_id]),
+        exc.task_id,
+    )
+
+
+def html_table(headers: tuple[str, ...], rows: Any) -> SafeString:
+    """An escaped HTML table (payload and error values are never trusted)."""
+    head = format_html_join("", "<th>{}</th>", ((h,) for h in headers))
+    body = format_html_join(
+        "",
+        "<tr>{}</tr>",
+        ((format_html_join("", "<td>{}</td>", ((cell,) for cell in row)),) for row in rows),
+    )
+    return format_html("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", head, body)
