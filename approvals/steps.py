@@ -52,7 +52,7 @@ def draft_hash(draft: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Gate:
+class ApprovalHandler:
     """The approval step's handler, holding its options."""
 
     draft_from: str
@@ -126,7 +126,7 @@ def approval_step(
         raise ValueError(f"step {kind}: on_expiry must be one of {', '.join(ExpiryPolicy.values)}")
     if expires_after <= timedelta(0):
         raise ValueError(f"step {kind}: expires_after must be positive")
-    gate = Gate(
+    handler = ApprovalHandler(
         draft_from=draft_from,
         action=action,
         summary=summary,
@@ -137,13 +137,13 @@ def approval_step(
         send_back_to=send_back_to or draft_from,
     )
     # Never claimed, so no attempts to count: one opening per time the task reaches it.
-    return StepSpec(kind, gate, max_attempts=1, approval=True)
+    return StepSpec(kind, handler, max_attempts=1, approval=True)
 
 
 def check_workflow(workflow: Workflow) -> Workflow:
     """Refuse a workflow whose approval steps name steps that do not come before them."""
     for position, spec in enumerate(workflow.steps):
-        if not isinstance(spec.handler, Gate):
+        if not isinstance(spec.handler, ApprovalHandler):
             continue
         earlier = {s.kind for s in workflow.steps[:position]}
         for option in ("draft_from", "send_back_to"):

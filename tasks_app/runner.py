@@ -178,8 +178,8 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
     together: list[tuple[services.Claim, Any]] = []
     one_by_one: list[tuple[services.Claim, Any]] = []
     for claim, result in succeeded:
-        gated = _reaches_approval(rows[claim.step_id])
-        (one_by_one if gated else together).append((claim, result))
+        reaches = _reaches_approval(rows[claim.step_id])
+        (one_by_one if reaches else together).append((claim, result))
     batch.complete_many(together)
     for claim, result in one_by_one:
         services.complete_step(claim, result)

@@ -1,4 +1,4 @@
-"""Approval gates (DESIGN rule 9): who may decide, re-validation of what is decided, one
+"""Approval steps (DESIGN rule 9): who may decide, re-validation of what is decided, one
 decision per request, revisions, expiry and cancel."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _expire(request: ApprovalRequest) -> None:
     )
 
 
-# --- reaching the gate ------------------------------------------------------------------
+# --- reaching the approval step ---------------------------------------------------------
 
 
 def test_a_task_reaching_its_approval_step_parks_with_a_request_for_the_latest_draft(
@@ -66,12 +66,12 @@ def test_a_task_reaching_its_approval_step_parks_with_a_request_for_the_latest_d
 ) -> None:
     task, request = _waiting_article(actor=author)
 
-    gate = current(task, "editor_review")
+    review = current(task, "editor_review")
     draft = current(task, "generate_draft").result
     # Opened when the draft succeeded, in the same commit: no worker ever claimed it.
-    assert gate.status == StepStatus.WAITING_APPROVAL
-    assert (gate.attempts, gate.fencing_token, gate.leases.count()) == (0, 0, 0)
-    assert request.step == gate
+    assert review.status == StepStatus.WAITING_APPROVAL
+    assert (review.attempts, review.fencing_token, review.leases.count()) == (0, 0, 0)
+    assert request.step == review
     assert request.draft == draft
     assert request.draft_hash == draft_hash(draft)
     assert (request.action, request.approver_group, request.on_expiry) == (
@@ -114,8 +114,8 @@ def test_approve_records_the_decision_and_the_task_goes_on_to_publish_once(
     assert request.status == ApprovalStatus.APPROVED
     assert (request.decided_by, request.decided_by_user) == (editor.username, editor)
     assert request.decided_at is not None and request.comment == "Good to go"
-    gate = current(task, "editor_review")
-    assert gate.status == StepStatus.SUCCEEDED
+    review = current(task, "editor_review")
+    assert review.status == StepStatus.SUCCEEDED
     assert result_of(task, "editor_review")["approved_by"] == editor.username
     assert result_of(task, "editor_review")["draft_hash"] == request.draft_hash
     approved = Event.objects.for_task(task.pk).get(kind=EventKind.APPROVED)
@@ -182,7 +182,7 @@ def test_request_changes_appends_a_revision_whose_drafting_handler_gets_the_comm
 ) -> None:
     publishing, _ = remotes
     task, first = _waiting_article()
-    old_draft, old_gate = current(task, "generate_draft"), current(task, "editor_review")
+    old_draft, old_review = current(task, "generate_draft"), current(task, "editor_review")
 
     approvals.request_changes(
         first, actor=editor, comment="Mention the pricing", draft_hash=first.draft_hash
@@ -191,8 +191,8 @@ def test_request_changes_appends_a_revision_whose_drafting_handler_gets_the_comm
     first.refresh_from_db()
     assert first.status == ApprovalStatus.CHANGES_REQUESTED
     old_draft.refresh_from_db()
-    old_gate.refresh_from_db()
-    assert (old_draft.status, old_gate.status) == (StepStatus.SUPERSEDED, StepStatus.SUPERSEDED)
+    old_review.refresh_from_db()
+    assert (old_draft.status, old_review.status) == (StepStatus.SUPERSEDED, StepStatus.SUPERSEDED)
     assert old_draft.result is not None  # history keeps the replaced draft
     redraft = current(task, "generate_draft")
     regate = current(task, "editor_review")
@@ -479,13 +479,13 @@ def test_an_expired_article_review_dead_letters_for_oncall_who_can_redrive_it(
     task.refresh_from_db()
     assert (approval.status, approval.decided_by) == (ApprovalStatus.EXPIRED, "system:sweeper")
     assert task.status == TaskStatus.DEAD
-    gate = current(task, "editor_review")
-    assert (gate.status, gate.error_class) == (StepStatus.DEAD, EventKind.APPROVAL_EXPIRED)
+    review = current(task, "editor_review")
+    assert (review.status, review.error_class) == (StepStatus.DEAD, EventKind.APPROVAL_EXPIRED)
     expired = Event.objects.for_task(task.pk).get(kind=EventKind.APPROVAL_EXPIRED)
     assert (expired.actor, expired.data["policy"]) == ("system:sweeper", "dead_letter")
     assert _kinds(task)[-2:] == [EventKind.APPROVAL_EXPIRED, EventKind.DEAD_LETTERED]
     dead = Event.objects.for_task(task.pk).get(kind=EventKind.DEAD_LETTERED)
-    assert (dead.reason, dead.step_id) == (EventKind.APPROVAL_EXPIRED, gate.pk)
+    assert (dead.reason, dead.step_id) == (EventKind.APPROVAL_EXPIRED, review.pk)
     assert services.sweep().jobs["expired_approvals"] == 0
 
     # On-call may not wave it through by hand ...
@@ -495,7 +495,7 @@ def test_an_expired_article_review_dead_letters_for_oncall_who_can_redrive_it(
     services.redrive(task, actor=oncall, reason="editors are back")
     task = advance(task)
     renewed = pending_request(task)
-    assert renewed.pk != approval.pk and renewed.step_id == gate.pk
+    assert renewed.pk != approval.pk and renewed.step_id == review.pk
     assert task.status == TaskStatus.WAITING_APPROVAL
 
 
