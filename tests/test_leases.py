@@ -1,5 +1,6 @@
 """The worker's side of the task system: claims, leases with fencing, heartbeats, retries,
-dead letters, the sweeper and paused queues (DESIGN rules 1, 2, 3, 6 and 10).
+dead letters and paused queues (DESIGN rules 1, 2, 3, 6 and 10; the sweeper's part is in
+test_sweeper).
 
 Time moves by back-dating rows (``backdate``), never by sleeping. Tests that need a
 second database connection (concurrent claims, the heartbeat thread) or a real commit
@@ -28,47 +29,13 @@ from tasks_app.exceptions import (
     OutcomeUnknown,
     PermanentError,
 )
-from tasks_app.models import Event, EventKind, Lease, QueueState, Step, StepStatus, Task, TaskStatus
+from tasks_app.models import Event, EventKind, Lease, QueueState, StepStatus, TaskStatus
 from tasks_app.services import Claim
 from tasks_app.tasks import run_step
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.conftest import BrokerView, backdate, only_step, worker_thread
 
-WORKER = "w1"
-LEASE = settings.TASKS_LEASE_SECONDS
-
-
-# --- helpers ------------------------------------------------------------------------------
-
-
-def kinds(task: Task) -> list[str]:
-    return list(Event.objects.for_task(task.pk).values_list("kind", flat=True))
-
-
-def events(task: Task, kind: str) -> list[Event]:
-    return list(Event.objects.for_task(task.pk).filter(kind=kind))
-
-
-def step_at(task: Task, position: int) -> Step:
-    return task.steps.get(position=position, revision=0)
-
-
-def fresh(step: Step) -> Step:
-    return Step.objects.get(pk=step.pk)
-
-
-def claim(step: Step, worker_id: str = WORKER, lease_seconds: int | None = None) -> Claim:
-    """Claim a step that must be claimable."""
-    result = services.claim_step(step.pk, worker_id=worker_id, lease_seconds=lease_seconds)
-    assert result is not None, f"step {step.pk} ({fresh(step).status}) could not be claimed"
-    return result
-
-
-def expire_lease(step: Step) -> None:
-    """Let the step's lease run out and have the sweeper reap it."""
-    backdate(step, seconds=LEASE + 60)
-    assert services.reap_expired_leases() == 1
-
+from .lease_support import LEASE, WORKER, claim, events, expire_lease, fresh, kinds, step_at
 
 # --- test workflows -----------------------------------------------------------------------
 
@@ -442,65 +409,6 @@ def test_the_attempt_budget_restarts_on_redrive_but_the_fencing_token_does_not()
     assert list(Lease.objects.filter(step=step).values_list("token", flat=True)) == [1, 2, 3, 4]
 
 
-# --- 5. an expired lease makes the step claimable again -----------------------------------
-
-
-@pytest.mark.django_db
-def test_an_expired_lease_is_reaped_and_the_step_can_be_claimed_again() -> None:
-    task = services.enqueue("demo.noop", {}).task
-    step = only_step(task)
-    first = claim(step)
-    assert services.reap_expired_leases() == 0  # a live lease is left alone
-
-    backdate(step, seconds=LEASE + 1)
-    assert services.reap_expired_leases() == 1
-
-    step = fresh(step)
-    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.PENDING, 1, 1)
-    assert step.lease_expires_at is None
-    task.refresh_from_db()
-    assert task.status == TaskStatus.PENDING
-    lease = Lease.objects.get(step=step, token=first.token)
-    assert lease.outcome == Lease.Outcome.EXPIRED
-    assert lease.released_at is not None
-    expired = events(task, EventKind.LEASE_EXPIRED)[0]
-    assert expired.actor == services.SWEEPER
-    assert (expired.data["token"], expired.data["outcome"]) == (1, "pending")
-    assert services.reap_expired_leases() == 0
-
-    second = claim(step, worker_id="w2")
-    assert (second.token, second.attempt) == (2, 2)
-    runner.execute(second)
-    assert fresh(step).status == StepStatus.SUCCEEDED
-    assert kinds(task) == ["enqueued", "claimed", "lease_expired", "claimed", "succeeded"]
-
-
-@pytest.mark.django_db
-def test_an_expired_lease_on_the_last_attempt_dead_letters_the_step() -> None:
-    task = services.enqueue("demo.noop", {}).task
-    step = only_step(task)
-    for _ in range(2):
-        claim(step)
-        expire_lease(step)
-        assert fresh(step).status == StepStatus.PENDING
-
-    claim(step)
-    expire_lease(step)
-
-    step = fresh(step)
-    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.DEAD, 3, 3)
-    assert step.error_class == "lease_expired"
-    assert "token 3" in step.last_error
-    assert step.finished_at is not None
-    task.refresh_from_db()
-    assert task.status == TaskStatus.DEAD
-    assert task.finished_at is not None
-    assert events(task, EventKind.LEASE_EXPIRED)[-1].data["outcome"] == "dead"
-    dead = events(task, EventKind.DEAD_LETTERED)
-    assert [(e.reason, e.actor) for e in dead] == [("lease_expired", services.SWEEPER)]
-    assert services.claim_step(step.pk, worker_id=WORKER) is None
-
-
 # --- backoff ------------------------------------------------------------------------------
 
 
@@ -700,73 +608,6 @@ def test_a_late_message_for_a_finished_step_changes_nothing(pair: str, recorder:
     assert fresh(draft).fencing_token == fresh(publish).fencing_token == 1
     task.refresh_from_db()
     assert task.status == TaskStatus.SUCCEEDED
-
-
-# --- a lost message is re-dispatched by the sweeper ---------------------------------------
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_lost_message_is_rung_again_by_the_sweeper_once_per_interval(
-    broker: BrokerView,
-) -> None:
-    task = services.enqueue("demo.noop", {}).task
-    step = only_step(task)
-    assert broker.step_ids() == [step.pk]  # rung after commit
-    broker.purge()  # ... and lost
-
-    report = services.sweep()
-    assert (report.reaped, report.redispatched) == (0, 0)
-    assert broker.step_ids() == []
-
-    backdate(step, seconds=settings.TASKS_REDISPATCH_SECONDS + 1)
-    start = services.db_now()
-    assert services.sweep().redispatched == 1
-    assert broker.step_ids() == [step.pk]
-    dispatched = fresh(step).dispatched_at
-    assert dispatched is not None
-    assert dispatched >= start
-
-    # Sweeping again right away rings nothing more: no flood while nobody answers.
-    assert services.sweep().redispatched == 0
-    assert broker.step_ids() == [step.pk]
-
-    # The doorbell is answered and the step runs.
-    run_step(step.pk)
-    assert fresh(step).status == StepStatus.SUCCEEDED
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_sweeper_does_not_ring_for_a_retry_that_is_not_due_yet(broker: BrokerView) -> None:
-    task = services.enqueue("demo.flaky", {"fail_first": 1}).task
-    step = only_step(task)
-    held = claim(step)
-    services.fail_step(held, error_class="Boom", message="boom", retry_in=3600, reason="")
-    broker.purge()
-
-    backdate(step, seconds=settings.TASKS_REDISPATCH_SECONDS + 1)
-    assert services.sweep().redispatched == 0
-    assert broker.step_ids() == []
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_sweeper_does_not_ring_for_a_paused_queue_and_resume_rings(
-    broker: BrokerView,
-) -> None:
-    task = services.enqueue("demo.noop", {}).task
-    step = only_step(task)
-    services.pause_queue("default", actor="cli:test", reason="incident 42")
-    broker.purge()
-
-    backdate(step, seconds=settings.TASKS_REDISPATCH_SECONDS + 1)
-    dispatched = fresh(step).dispatched_at
-    assert services.sweep().redispatched == 0
-    assert broker.step_ids() == []
-    assert fresh(step).dispatched_at == dispatched
-
-    services.resume_queue("default", actor="cli:test", reason="incident 42 over")
-    assert broker.step_ids() == [step.pk]
-    assert services.sweep().redispatched == 0  # resume counted as the dispatch
-    assert broker.step_ids() == [step.pk]
 
 
 # --- a paused queue -----------------------------------------------------------------------
