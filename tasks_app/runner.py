@@ -22,6 +22,7 @@ from .dispatch import Doorbell, ring_on_commit
 from .effects import LeaseLost
 from .exceptions import InvalidInput, OutcomeUnknown, PermanentError, error_class, error_text
 from .models import Step, Task
+from .transitions import leads_to_approval
 from .workflows import StepContext, StepSpec, registry
 
 logger = logging.getLogger(__name__)
@@ -178,15 +179,12 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
     together: list[tuple[services.Claim, Any]] = []
     one_by_one: list[tuple[services.Claim, Any]] = []
     for claim, result in succeeded:
-        reaches = _reaches_approval(rows[claim.step_id])
+        step = rows[claim.step_id]
+        reaches = leads_to_approval(step.task, step.position)
         (one_by_one if reaches else together).append((claim, result))
     batch.complete_many(together)
     for claim, result in one_by_one:
         services.complete_step(claim, result)
-
-
-def _reaches_approval(step: Step) -> bool:
-    return services.is_approval(step.task, step.position + 1)
 
 
 def _run_one(claim: services.Claim, step: Step) -> Any:

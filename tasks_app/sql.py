@@ -72,9 +72,9 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 
 
 # ORM twin: leases.complete_step. "What a success leads to" is transitions.after_success
-# (here: the step at the next position, which the runner guarantees is not an approval
-# step), the task's status is transitions.settle_task's, the steps triple
-# transitions.step_state's.
+# (here: the blocked step at the next position; the runner sends a success for which
+# transitions.leads_to_approval holds through complete_step instead), the task's status
+# is transitions.settle_task's, the steps triple transitions.step_state's.
 # One statement after the tasks are locked: fenced success for every step still held by
 # its token, leases released, the next step of each task made due (unless a cancel was
 # requested), task status settled, and one `succeeded` event per step (plus `cancelled`).

@@ -171,20 +171,29 @@ def after_success(task: Task, after: Step, now: datetime) -> tuple[list[Step], S
     An approval step is not made due (no worker runs it): it is returned as the step to
     open, which the caller does with :func:`open_approval_step` once its own event is written.
     """
+    # The steps of a revision are contiguous: the next one is at the next position (the
+    # batch completion's SQL picks it the same way).
     following = (
-        task.steps.filter(status=StepStatus.BLOCKED, position__gt=after.position)
-        .order_by("position", "-revision")
+        task.steps.filter(status=StepStatus.BLOCKED, position=after.position + 1)
+        .order_by("-revision")
         .first()
     )
     if following is None:
         return [], None
-    if is_approval(task, following.position):
+    if leads_to_approval(task, after.position):
         return [], following
     following.status = StepStatus.PENDING
     following.available_at = now
     following.dispatched_at = now
     following.save(update_fields=["status", "available_at", "dispatched_at"])
     return [following], None
+
+
+def leads_to_approval(task: Task, position: int) -> bool:
+    """Whether a success at ``position`` reaches an approval step, which opens a request in
+    the same transaction instead of being made due: the question both the one-by-one path
+    (:func:`after_success`) and the batch path (``runner.run_batch``) ask."""
+    return is_approval(task, position + 1)
 
 
 def is_approval(task: Task, position: int) -> bool:
