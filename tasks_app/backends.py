@@ -123,7 +123,7 @@ class DurableBackend(BaseTaskBackend):
         key = validation.validate_idempotency_key(idempotency_key)
         payload = self._payload(task, args, kwargs)
         try:
-            outcome = services.enqueue(
+            enqueued = services.enqueue(
                 WORKFLOW,
                 payload,
                 idempotency_key=key,
@@ -135,10 +135,10 @@ class DurableBackend(BaseTaskBackend):
             )
         except InvalidInput as exc:
             raise InvalidTask(str(exc)) from exc
-        if not outcome.created:
+        if not enqueued.created:
             # Nothing new was enqueued: the task the key names, as it is now, no signal.
-            return cast("TaskResult[P, R]", self._result(outcome.task))
-        result = self._result(outcome.task, task=task, fresh=True)
+            return cast("TaskResult[P, R]", self._result(enqueued.task))
+        result = self._result(enqueued.task, task=task, fresh=True)
         transaction.on_commit(lambda: _send(task_enqueued, self, result), robust=True)
         return cast("TaskResult[P, R]", result)
 

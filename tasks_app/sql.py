@@ -7,13 +7,16 @@ runs the same scenarios through both and compares the rows and events they leave
 
 from __future__ import annotations
 
+# "A step is due", as models.StepQuerySet.due says it, for the statements below.
+DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
+
 # ORM twin: leases.claim_step (one step), batch._claim_batch_one_by_one (many). "Due" is
 # models.StepQuerySet.due, "not paused" is transitions.paused_filter, the event's steps
 # triple is transitions.step_state.
 # One statement: pick due steps (the named one first) with their task rows, skipping rows
 # another transaction holds; mark them running with a raised token; write their leases,
 # their `claimed` events and the tasks' status.
-CLAIM_SQL = """
+CLAIM_SQL = f"""
 WITH target AS (
     SELECT COALESCE(%(queue)s, (SELECT queue FROM tasks_app_step WHERE id = %(step)s)) AS queue
 ), open_queue AS (
@@ -23,13 +26,13 @@ WITH target AS (
     )
 ), named AS (
     SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
-    WHERE s.id = %(step)s AND s.status = 'pending' AND s.available_at <= statement_timestamp()
+    WHERE s.id = %(step)s AND {DUE}
       AND s.queue = (SELECT queue FROM open_queue)
     FOR UPDATE OF s, t SKIP LOCKED
 ), more AS (
     SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
-    WHERE s.queue = (SELECT queue FROM open_queue) AND s.status = 'pending'
-      AND s.available_at <= statement_timestamp() AND s.id IS DISTINCT FROM %(step)s
+    WHERE s.queue = (SELECT queue FROM open_queue) AND {DUE}
+      AND s.id IS DISTINCT FROM %(step)s
     ORDER BY s.priority DESC, s.available_at
     LIMIT %(limit)s
     FOR UPDATE OF s, t SKIP LOCKED
@@ -64,7 +67,7 @@ WITH target AS (
 )
 SELECT id, task_id, queue, attempts, fencing_token FROM claimed
 ORDER BY id = %(step)s DESC, priority DESC, available_at, id
-"""
+"""  # noqa: S608 (DUE is a constant of this module, not input)
 
 
 # ORM twin: transitions.lock_task, for many tasks in id order.
