@@ -39,7 +39,7 @@ from .django_task_errors import LeaseExpired as LeaseExpired
 from .django_task_errors import TaskCancelled as TaskCancelled
 from .django_task_errors import TaskExited as TaskExited
 from .django_task_errors import WorkerRefused as WorkerRefused
-from .django_task_errors import task_errors
+from .django_task_errors import json_return_value, task_errors, validate_call_payload
 from .exceptions import InvalidInput, InvalidPayload, PermanentError
 from .models import Lease, Step, Task, TaskStatus
 from .signals import task_cancelled, task_dead_lettered, task_succeeded
@@ -384,31 +384,7 @@ def call(ctx: StepContext) -> dict[str, Any]:
         raise
     except BaseException as exc:
         raise TaskExited(f"{type(exc).__name__}: {exc}") from exc
-    return {"return_value": _json_value(value)}
-
-
-def _json_value(value: Any) -> Any:
-    try:
-        value = normalize_json(value)
-        validation.validate_payload({"return_value": value}, field="return value")
-    except InvalidPayload as exc:
-        # Results have no size limit of their own; every other rule holds.
-        if exc.rule != "max_bytes":
-            raise InvalidReturnValue(str(exc)) from exc
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidReturnValue(f"return value: {exc}") from exc
-    return value
-
-
-def _validate_payload(payload: dict[str, Any]) -> None:
-    """A ``django.task`` payload names a function and holds its arguments (checked also for
-    a payload edited on redrive)."""
-    shape = {"func": str, "args": list, "kwargs": dict}
-    for name, kind in shape.items():
-        if not isinstance(payload.get(name), kind):
-            raise InvalidPayload(
-                f"payload.{name}", "shape", f"payload: {name} must be a {kind.__name__}"
-            )
+    return {"return_value": json_return_value(value)}
 
 
 register(
@@ -416,7 +392,7 @@ register(
         WORKFLOW,
         1,
         steps=(StepSpec("call", call),),
-        validate_payload=_validate_payload,
+        validate_payload=validate_call_payload,
         description="A django.tasks function.",
     )
 )

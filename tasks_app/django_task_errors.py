@@ -1,12 +1,17 @@
 """The errors a ``django.tasks`` result names: what the function raised, or one of the
 small classes here for what the worker saw instead (an expired lease, a cancel, a
-function it could not import, a return value that is not JSON, an exit)."""
+function it could not import, a return value that is not JSON, an exit); and the checks
+of a call's payload and return value that raise them."""
 
 from __future__ import annotations
 
-from django.tasks.base import TaskError
+from typing import Any
 
-from .exceptions import PermanentError
+from django.tasks.base import TaskError
+from django.utils.json import normalize_json
+
+from . import validation
+from .exceptions import InvalidPayload, PermanentError
 from .models import Event, EventKind, Step, Task
 
 # --- the errors a TaskResult can name, besides what the function raised ----------------------
@@ -95,3 +100,27 @@ def task_errors(row: Task, step: Step | None) -> list[TaskError]:
         if step.error_class == code and step.last_error.startswith(text):
             errors[index] = _error(code, step.last_error)
     return errors
+
+
+def json_return_value(value: Any) -> Any:
+    try:
+        value = normalize_json(value)
+        validation.validate_payload({"return_value": value}, field="return value")
+    except InvalidPayload as exc:
+        # Results have no size limit of their own; every other rule holds.
+        if exc.rule != "max_bytes":
+            raise InvalidReturnValue(str(exc)) from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidReturnValue(f"return value: {exc}") from exc
+    return value
+
+
+def validate_call_payload(payload: dict[str, Any]) -> None:
+    """A ``django.task`` payload names a function and holds its arguments (checked also for
+    a payload edited on redrive)."""
+    shape = {"func": str, "args": list, "kwargs": dict}
+    for name, kind in shape.items():
+        if not isinstance(payload.get(name), kind):
+            raise InvalidPayload(
+                f"payload.{name}", "shape", f"payload: {name} must be a {kind.__name__}"
+            )
