@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+
+from tasks_app.durations import short_duration as short_duration
 
 REDACTED = "•••redacted•••"
 
@@ -58,23 +59,6 @@ def _norm(key: str) -> str:
 def pretty_json(value: Any) -> str:
     """Redacted, indented JSON for a ``<pre>`` block."""
     return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=True, default=str)
-
-
-def short_duration(delta: timedelta | None) -> str:
-    """``3 s``, ``4 min``, ``2 h 5 min``, ``3 d 4 h``; an em dash for nothing."""
-    if delta is None:
-        return "—"
-    seconds = int(delta.total_seconds())
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def error_summary(text: str) -> str:

@@ -8,20 +8,8 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from tasks_app import selectors
+from tasks_app.durations import short_duration
 from tasks_app.management.cli import OperatorCommand
-
-
-def _age(value: timedelta | None) -> str:
-    if value is None:
-        return "-"
-    seconds = int(value.total_seconds())
-    if seconds < 120:
-        return f"{seconds} s"
-    minutes = seconds // 60
-    if minutes < 120:
-        return f"{minutes} min"
-    hours = minutes // 60
-    return f"{hours} h" if hours < 48 else f"{hours // 24} d"
 
 
 def _rate(value: float | None) -> str:
@@ -72,7 +60,7 @@ class Command(OperatorCommand):
             ("dead", str(overview.dead)),
             ("succeeded, last hour", str(overview.succeeded_last_hour)),
             ("succeeded, last day", str(overview.succeeded_last_day)),
-            ("oldest due", _age(overview.oldest_due_age)),
+            ("oldest due", short_duration(overview.oldest_due_age, none="-")),
             ("retries, last hour", str(overview.retries_last_hour)),
             ("retry rate", _rate(overview.retry_rate)),
             ("dead letters, last hour", str(overview.dead_lettered_last_hour)),
@@ -89,7 +77,7 @@ class Command(OperatorCommand):
                 str(row.due),
                 str(row.scheduled),
                 str(row.running),
-                _age(row.oldest_due_age),
+                short_duration(row.oldest_due_age, none="-"),
                 "paused" if row.paused else "running",
                 (row.state.changed_by if row.state else "") or "-",
                 " ".join((row.state.reason if row.state else "").split()) or "-",
