@@ -32,7 +32,8 @@ def validate_flaky(payload: dict[str, Any]) -> None:
         value = payload.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= upper:
             raise bad(name, "range", f"must be a number from 0 to {upper:g}")
-    if payload.get("error", "retryable") not in FLAKY_ERRORS:
+    error = payload.get("error", "retryable")
+    if not isinstance(error, str) or error not in FLAKY_ERRORS:
         raise bad("error", "choice", f"must be one of {', '.join(FLAKY_ERRORS)}")
 
 

@@ -63,8 +63,7 @@ def _prepare(
             raise InvalidInput("workflow", "registered", "workflow: must be a workflow name")
         flow = registry.latest(workflow)
         canonical = validation.validate_payload(payload)
-        if flow.validate_payload is not None:
-            flow.validate_payload(payload)
+        flow.check_payload(payload)
         return PreparedItem(
             workflow=flow,
             # The stored payload is exactly what the canonical form says.

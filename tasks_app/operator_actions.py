@@ -72,9 +72,9 @@ def redrive(
     reason = validation.require_text(reason, "reason")
     canonical = validation.validate_payload(payload) if payload is not None else None
     flow = registry.get(task.workflow, task.workflow_version)
-    if payload is not None and flow is not None and flow.validate_payload is not None:
+    if payload is not None and flow is not None:
         # An edited payload must pass the same rules as one given to enqueue.
-        flow.validate_payload(payload)
+        flow.check_payload(payload)
     with transaction.atomic():
         locked = lock_task(task.pk)
         dead = _dead_steps(locked)

@@ -19,6 +19,9 @@ MAX_DEPTH = 32
 # integer-valued decimal and hands back as an int (1e23 comes back as 10**23).
 MAX_JSON_FLOAT = 1e16
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
+# Integers up to 1,000 digits round-trip through PostgreSQL's jsonb and Python alike.
+MAX_INT_DIGITS = 1000
+MAX_INT_BITS = 3321  # 2**3321 < 10**1000 < 2**3322
 
 
 def canonical_json(payload: Any) -> str:
@@ -74,8 +77,17 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
                 stack.append((item, depth + 1, f"{where}[{index}]"))
         elif isinstance(value, str):
             _check_string(value, where, field)
-        elif isinstance(value, bool) or value is None or isinstance(value, int):
+        elif isinstance(value, bool) or value is None:
             pass
+        elif isinstance(value, int):
+            # Checked by size, not by printing it: Python refuses to print integers of
+            # more than 4,300 digits, and nothing this large is a business value.
+            if value.bit_length() > MAX_INT_BITS:
+                raise bad(
+                    "integer_range",
+                    f"{where} is an integer of more than {MAX_INT_DIGITS} digits; "
+                    "send it as a string",
+                )
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise bad("finite_numbers", f"{where} is NaN or Infinity")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import UnknownWorkflow
+from .exceptions import InvalidInput, InvalidPayload, UnknownWorkflow
 
 if TYPE_CHECKING:
     from .effects import Effects
@@ -76,6 +76,24 @@ class Workflow:
 
     def step(self, position: int) -> StepSpec | None:
         return self.steps[position] if 0 <= position < len(self.steps) else None
+
+    def check_payload(self, payload: dict[str, Any]) -> None:
+        """Apply the workflow's own payload rules. They answer :class:`InvalidPayload`
+        for any JSON value; a rule that trips over a value it did not expect (a list
+        where it wanted text) is still a refusal of that payload, not a crash."""
+        if self.validate_payload is None:
+            return
+        try:
+            self.validate_payload(payload)
+        except InvalidInput:
+            raise
+        except Exception as exc:
+            raise InvalidPayload(
+                "payload",
+                "workflow_rules",
+                f"payload: refused by the rules of workflow {self.name} "
+                f"({type(exc).__name__}: {exc})",
+            ) from exc
 
 
 class Registry:

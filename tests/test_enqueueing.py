@@ -34,7 +34,7 @@ from tasks_app.exceptions import (
 )
 from tasks_app.models import Counter, Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.services import EnqueueResult
-from tasks_app.workflows import StepSpec, Workflow, registry
+from tasks_app.workflows import StepSpec, Workflow, register, registry
 from tests.conftest import BrokerView, backdate, only_step
 
 LIMIT = 65_536
@@ -1080,7 +1080,57 @@ REFUSALS = [
         InvalidPayload,
         id="flaky-fail-first",
     ),
+    # Integers are bounded by size, before Python would refuse to print them.
+    pytest.param(
+        {"payload": {"x": 10**5000}}, "payload", "integer_range", InvalidPayload, id="int-huge"
+    ),
+    pytest.param(
+        {"payload": {"x": [-(10**1000)]}},
+        "payload",
+        "integer_range",
+        InvalidPayload,
+        id="int-1001-digits",
+    ),
+    # A workflow's own rules answer for any JSON value, not only the ones they expect.
+    pytest.param(
+        {"workflow": "demo.flaky", "payload": {"error": []}},
+        "payload.error",
+        "choice",
+        InvalidPayload,
+        id="flaky-error-list",
+    ),
+    pytest.param(
+        {"workflow": "demo.flaky", "payload": {"error": {"a": 1}}},
+        "payload.error",
+        "choice",
+        InvalidPayload,
+        id="flaky-error-object",
+    ),
 ]
+
+
+@pytest.mark.django_db
+def test_integers_of_a_thousand_digits_are_accepted_and_round_trip() -> None:
+    task = services.enqueue("demo.noop", {"x": 10**999, "y": -(10**999)}).task
+    task.refresh_from_db()
+    assert task.payload == {"x": 10**999, "y": -(10**999)}
+
+
+@pytest.mark.django_db
+def test_a_workflow_rule_that_trips_over_a_value_is_a_refusal_not_a_crash() -> None:
+    def fussy(payload: dict[str, Any]) -> None:
+        payload["name"].upper()  # assumes text
+
+    steps = (StepSpec("noop", noop),)
+    flow = register(Workflow("test.fussy", 1, steps=steps, validate_payload=fussy))
+    try:
+        with pytest.raises(InvalidPayload) as caught:
+            services.enqueue("test.fussy", {"name": [1]})
+        assert (caught.value.field, caught.value.rule) == ("payload", "workflow_rules")
+        assert "AttributeError" in str(caught.value)
+        assert not Task.objects.filter(workflow="test.fussy").exists()
+    finally:
+        registry.unregister(flow.name, flow.version)
 
 
 @pytest.mark.django_db
