@@ -254,6 +254,9 @@ TASKS_CLAIM_BATCH = env_int("TASKS_CLAIM_BATCH", 50)
 # On PostgreSQL the hot paths (batch claims and completions, bulk inserts) run as single
 # SQL statements; off, they run the ORM code the embedded SQLite mode runs.
 TASKS_SQL_FAST_PATH = env_bool("TASKS_SQL_FAST_PATH", default=True)
+# The longest a producer (or a worker after a completion) waits for its doorbell to be
+# published; a hung broker holds up only the publishing thread, the sweeper rings later.
+TASKS_PUBLISH_WAIT_MS = env_int("TASKS_PUBLISH_WAIT_MS", 250, minimum=0)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
 # The remotes of publish_article (PUBLISH_URL) and ticket_reply (MAIL_URL), the approvals

@@ -2,9 +2,9 @@
 
 A doorbell may be lost or delivered twice; the claim in the database decides. They are
 published after commit, so a rolled-back transaction rings nothing; bursts go out from a
-background thread, so a busy producer never waits on the broker; a broker that is down
-makes the publish fail fast and be logged while the enqueue stands: the sweeper
-re-dispatches due steps later.
+background thread, so a producer waits on the broker at most ``TASKS_PUBLISH_WAIT_MS``
+(a hung broker holds up only that thread); a broker that is down makes the publish fail
+fast and be logged while the enqueue stands: the sweeper re-dispatches due steps later.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,10 @@ def coalesce(doorbells: list[Doorbell]) -> list[Doorbell]:
 
 
 class Publisher:
-    """Publishes doorbells: one submitted on its own goes out at once, in the committing
-    thread (the quickest way to a worker); a burst goes to a background thread, so a busy
-    producer never waits on the broker.
+    """Publishes doorbells from a background thread. A doorbell submitted on its own is
+    waited for, briefly (``TASKS_PUBLISH_WAIT_MS``), so it is on its way to a worker when
+    the call returns; a burst is not waited for at all. Either way a producer never waits
+    on the broker longer than that bound: a broker that hangs holds up only the thread.
 
     Doorbells for steps due now are coalesced per queue: a worker woken by one drains every
     due step of its queue (and recruits another worker while there is more), so one per
@@ -83,30 +85,40 @@ class Publisher:
         self._later: list[Doorbell] = []
         self._busy = False
         self._last = 0.0
+        # Submissions counted, and how many of them are published (or failed): what a
+        # submitter waits on.
+        self._submitted = 0
+        self._published = 0
         self._thread: threading.Thread | None = None
 
     def submit(self, doorbells: list[Doorbell]) -> None:
-        """Publish now, in this thread, when doorbells come one at a time (the quickest way
-        to a worker); hand them to the background thread during a burst."""
+        """Hand the doorbells to the background thread; when they come one at a time, wait
+        for their publish, at most ``TASKS_PUBLISH_WAIT_MS``."""
         now = time.monotonic()
+        wait = settings.TASKS_PUBLISH_WAIT_MS / 1000
         with self._cond:
             burst = bool(self._busy or self._due or self._later or now - self._last < BURST_SECONDS)
             self._last = now
-            if not burst:
-                self._busy = True
-        if not burst:
-            self._publish(doorbells)
-            return
-        with self._cond:
             for bell in doorbells:
                 if bell.countdown > 0:
                     self._later.append(bell)
                 else:
                     self._due.setdefault(bell.queue, bell)
+            self._submitted += 1
+            ticket = self._submitted
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="doorbells", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            self._cond.notify_all()
+            if burst:
+                return
+            deadline = now + wait
+            while self._published < ticket:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    logger.info("doorbells not yet published after %.0f ms; going on", wait * 1000)
+                    return
+                self._cond.wait(remaining)
 
     def _run(self) -> None:
         while True:
@@ -117,11 +129,12 @@ class Publisher:
                 self._due.clear()
                 self._later.clear()
                 self._busy = True
-            self._publish(bells)
+                taken = self._submitted
+            self._publish(bells, taken)
             # Let a burst gather for a moment: at most one publish per BURST_SECONDS.
             time.sleep(BURST_SECONDS)
 
-    def _publish(self, bells: list[Doorbell]) -> None:
+    def _publish(self, bells: list[Doorbell], taken: int) -> None:
         try:
             publish(bells)
         except Exception as exc:
@@ -129,6 +142,7 @@ class Publisher:
         finally:
             with self._cond:
                 self._busy = False
+                self._published = max(self._published, taken)
                 self._cond.notify_all()
 
     def flush(self, timeout: float = 5.0) -> bool:
