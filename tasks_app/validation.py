@@ -21,7 +21,8 @@ MAX_JSON_FLOAT = 1e16
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 # Integers up to 1,000 digits round-trip through PostgreSQL's jsonb and Python alike.
 MAX_INT_DIGITS = 1000
-MAX_INT_BITS = 3321  # 2**3321 < 10**1000 < 2**3322
+MAX_INT_BITS = 3321  # 2**3321 < 10**1000 < 2**3322: below it, no need to compare
+INT_LIMIT = 10**MAX_INT_DIGITS
 
 
 def canonical_json(payload: Any) -> str:
@@ -82,7 +83,7 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
         elif isinstance(value, int):
             # Checked by size, not by printing it: Python refuses to print integers of
             # more than 4,300 digits, and nothing this large is a business value.
-            if value.bit_length() > MAX_INT_BITS:
+            if value.bit_length() > MAX_INT_BITS and abs(value) >= INT_LIMIT:
                 raise bad(
                     "integer_range",
                     f"{where} is an integer of more than {MAX_INT_DIGITS} digits; "

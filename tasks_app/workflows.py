@@ -55,7 +55,9 @@ class StepSpec:
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Capped exponential backoff with full jitter, for the retry after ``attempt``."""
-        ceiling = min(self.backoff_cap, self.backoff_base * 2 ** max(attempt - 1, 0))
+        # The exponent stops where a float would overflow; the cap is far below by then.
+        exponent = min(max(attempt - 1, 0), 1023)
+        ceiling = min(self.backoff_cap, self.backoff_base * 2.0**exponent)
         return (rng or random).uniform(0, ceiling)
 
 
