@@ -113,12 +113,16 @@ class Publisher:
             if burst:
                 return
             deadline = now + wait
-            while self._published < ticket:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    logger.info("doorbells not yet published after %.0f ms; going on", wait * 1000)
-                    return
-                self._cond.wait(remaining)
+            try:
+                while self._published < ticket:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        logger.info("doorbells not yet published after %.0f ms", wait * 1000)
+                        return
+                    self._cond.wait(remaining)
+            finally:
+                # A submit right after this one's publish is part of the same burst.
+                self._last = time.monotonic()
 
     def _run(self) -> None:
         while True:
