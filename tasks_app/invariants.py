@@ -11,13 +11,24 @@ Each check names something that never holds in a healthy system, however busy:
   waits for its next attempt (which calls again or dead-letters), nor is dead (where a
   person resolves it): nothing will ever settle its outcome;
 - ``approval``: a pending approval request past its expiry, by more than the sweeper's
-  grace (the sweeper expires them).
+  grace (the sweeper expires them);
+- ``enqueued``: a task whose history does not start with ``enqueued``;
+- ``fencing``: a step's ``claimed`` events whose tokens do not strictly increase, or a
+  step whose stored ``fencing_token`` is below a token one of its events names;
+- ``claim``: a claim (token t) with no later event of its step carrying token t that
+  ends the attempt (``succeeded``, ``retry_scheduled``, ``dead_lettered``, ``cancelled``,
+  ``lease_expired``), while the step does not run on token t any more;
+- ``terminal``: an event ending a run (``task_status`` succeeded, cancelled or dead) that
+  an earlier one already ended, with nothing in between making the task pending, running
+  or waiting again (a dead task cancelled or resolved as done, and the ``cancelled`` or
+  ``dead_lettered`` event written beside the transition that ended the run, are fine).
 
-It stays fast on a long history: the lease and approval checks read the partial indexes
-on running steps and pending requests; the others look at active tasks (not succeeded or
-cancelled) and the tasks created or finished since a point in time (everything on
-request), folded in batches: each batch is read in four queries, in one snapshot. "Now" is
-the database's clock (DESIGN rule 3).
+The last four live in :mod:`tasks_app.history_checks`. It stays fast on a long history:
+the lease and approval checks read the partial indexes on running steps and pending
+requests; the others look at active tasks (not succeeded or cancelled) and the tasks
+created or finished since a point in time (everything on request), folded in batches:
+each batch is read in four queries, in one snapshot, and checked without further
+queries. "Now" is the database's clock (DESIGN rule 3).
 """
 
 from __future__ import annotations
@@ -26,7 +37,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.apps import apps
 from django.conf import settings
@@ -34,6 +44,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from .history import StepState, TaskState, fold_events
+from .history_checks import EventRow, history_findings
+from .history_checks import Finding as Finding
 from .models import (
     ACTIVE_TASK_STATUSES,
     Effect,
@@ -51,17 +63,6 @@ BATCH_SIZE = 500
 # next one (which calls again with the same key, or dead-letters as outcome unknown), or
 # the person who resolves a dead step.
 EFFECT_SETTLERS = frozenset({StepStatus.RUNNING, StepStatus.PENDING, StepStatus.DEAD})
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    task_id: int | None
-    detail: str
-
-    def __str__(self) -> str:
-        where = f"task {self.task_id}" if self.task_id is not None else "no task"
-        return f"{self.check}: {where}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,10 @@ def _snapshot() -> Iterator[None]:
 # --- the checks that look at whole tasks ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EventRow:
-    step_id: int | None
-    kind: str
-    data: dict[str, Any]
-
-
 def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
-    """The ``history``, ``dead_letter`` and ``effect`` checks of the tasks ``ids``."""
+    """The ``history``, ``dead_letter`` and ``effect`` checks of the tasks ``ids``, and
+    those of :mod:`tasks_app.history_checks` (``enqueued``, ``fencing``, ``claim``,
+    ``terminal``)."""
     statuses = dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
     steps: dict[int, dict[int, StepState]] = {pk: {} for pk in statuses}
     for pk, task_id, status, attempts, token in Step.objects.filter(task_id__in=ids).values_list(
@@ -158,13 +154,13 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         if task_id in steps:
             steps[task_id][pk] = StepState(status, attempts, token)
     events: dict[int, list[EventRow]] = {pk: [] for pk in statuses}
-    for owner, step_id, kind, data in (
+    for pk, owner, step_id, kind, data in (
         Event.objects.filter(task_id__in=ids)
         .order_by("task_id", "id")
-        .values_list("task_id", "step_id", "kind", "data")
+        .values_list("id", "task_id", "step_id", "kind", "data")
     ):
         if owner in events:  # not a task pruned since the ids were read
-            events[owner].append(EventRow(step_id, kind, data or {}))
+            events[owner].append(EventRow(pk, step_id, kind, data or {}))
 
     findings: list[Finding] = []
     for task_id, status in statuses.items():
@@ -173,6 +169,7 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         if folded != stored:
             findings.append(Finding("history", task_id, _difference(stored, folded)))
         findings += _unlettered(task_id, steps[task_id], events[task_id])
+        findings += history_findings(task_id, steps[task_id], events[task_id])
     settled_by_nobody = [
         pk
         for task_steps in steps.values()

@@ -4,6 +4,7 @@ prints one line per finding and exits 1 when there is any, 0 otherwise."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from io import StringIO
@@ -15,9 +16,9 @@ from django.db import connection
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
-from tasks_app import invariants, runner, services
-from tasks_app.models import Effect, Step, Task
-from tests.approval_support import advance, article, pending_request
+from tasks_app import batch, invariants, runner, services, sweeper
+from tasks_app.models import Effect, Event, EventKind, Step, Task, TaskStatus
+from tests.approval_support import advance, article, pending_request, ticket
 from tests.conftest import backdate, only_step
 from tests.console_support import dead_task, noop, succeeded
 from tests.remotes import LoopbackRemote
@@ -67,8 +68,91 @@ def running(task: Task) -> Step:
     return step
 
 
+def reap(step: Step) -> None:
+    """Let the step's lease run out and have the sweeper reap it."""
+    ago("tasks_app_step", "lease_expires_at", "1 hour", step.pk)
+    assert sweeper.reap_expired_leases() == 1
+
+
+def expire(request: ApprovalRequest) -> None:
+    ago("approvals_approvalrequest", "expires_at", "1 hour", request.pk)
+    assert approvals.expire_due() == 1
+
+
+def batched() -> list[Task]:
+    """Tasks claimed and completed together, by the batch claim and completion."""
+    tasks = [noop(), noop(), noop()]
+    for task in tasks:
+        backdate(only_step(task))
+    claims = batch.claim_batch(worker_id="w-batch", limit=10, queue="default")
+    assert sorted(claim.task_id for claim in claims) == [task.pk for task in tasks]
+    runner.run_batch(claims)
+    return tasks
+
+
+def cancelled_while_running() -> list[Task]:
+    """Cancels that reach a running step: its late success, its failure, its lost lease."""
+    late, failed, lost = noop(), services.enqueue("demo.flaky", {"fail_first": 1}).task, noop()
+    claims = []
+    for task in (late, failed, lost):
+        step = only_step(task)
+        backdate(step)
+        claim = services.claim_step(step.pk, worker_id="w-cancel")
+        assert claim is not None
+        services.cancel(task, actor="cli:ann", reason="stop")
+        claims.append(claim)
+    assert services.complete_step(claims[0], {})
+    assert services.fail_step(
+        claims[1], error_class="RetryableError", message="no", retry_in=0, reason=""
+    )
+    reap(only_step(lost))
+    return [late, failed, lost]
+
+
+def leases_lost() -> list[Task]:
+    """A lease reaped back to pending and its stale worker refused, then one reaped until
+    its attempts ran out (dead-lettered), redriven and run to success."""
+    stale = noop()
+    step = only_step(stale)
+    backdate(step)
+    old = services.claim_step(step.pk, worker_id="w-old")
+    assert old is not None
+    reap(step)
+    backdate(step)
+    assert runner.run_claimed(step.pk)
+    assert not services.complete_step(old, {})
+    exhausted = noop()
+    step = only_step(exhausted)
+    for _ in range(step.max_attempts):
+        backdate(step)
+        assert services.claim_step(step.pk, worker_id="w-lost") is not None
+        reap(step)
+    exhausted.refresh_from_db()
+    assert exhausted.status == TaskStatus.DEAD
+    services.redrive(exhausted, actor="cli:ann", reason="again")
+    backdate(step)
+    assert runner.run_claimed(step.pk)
+    return [stale, exhausted]
+
+
+def decided() -> list[Task]:
+    """Approval requests rejected, and expired under both policies (the dead-lettered one
+    then cancelled by on-call)."""
+    rejected = advance(article(key="publish:rejected"))
+    approvals.reject(pending_request(rejected), actor="cli:editor", comment="no")
+    expired_dead = advance(article(key="publish:expired"))
+    expire(pending_request(expired_dead))
+    services.cancel(expired_dead, actor="cli:ann", reason="too late")
+    expired_cancelled = advance(ticket(key="reply:expired"))
+    expire(pending_request(expired_cancelled))
+    waiting_cancelled = advance(ticket(key="reply:cancelled"))
+    services.cancel(waiting_cancelled, actor="cli:ann", reason="not needed")
+    return [rejected, expired_dead, expired_cancelled, waiting_cancelled]
+
+
 def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[Task]:
     """Tasks in every state the services reach, each by the services alone."""
+    together = batched()  # first: the batch claims whatever is due in the queue
     done = succeeded()
     dead = dead_task()
     redriven = dead_task()
@@ -91,8 +175,20 @@ def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[
     approvals.approve(pending_request(published), actor="cli:editor")
     advance(published)
     assert Effect.objects.filter(status=Effect.Status.DONE).exists()
+    redriven_twice = dead_task({"error": "permanent", "fail_first": 2})
+    services.redrive(redriven_twice, actor="cli:ann", reason="again")
+    advance(redriven_twice)
+    services.redrive(redriven_twice, actor="cli:ann", reason="once more")
+    advance(redriven_twice)
+    resolved_retry = dead_task({"error": "outcome_unknown", "fail_first": 1})
+    services.resolve(resolved_retry, actor="cli:ann", reason="it did not", outcome="retry")
+    advance(resolved_retry)
+    more = [*cancelled_while_running(), *leases_lost(), *decided()]
+    kinds = set(Event.objects.values_list("kind", flat=True))
+    assert kinds >= set(EventKind.values) - {EventKind.QUEUE_PAUSED, EventKind.QUEUE_RESUMED}
     return [
-        done, dead, redriven, resolved, cancelled, retrying, claimed, waiting, revised, published,
+        *together, done, dead, redriven, resolved, cancelled, retrying, claimed, waiting,
+        revised, published, redriven_twice, resolved_retry, *more,
     ]  # fmt: skip
 
 
@@ -247,6 +343,148 @@ def test_it_finds_a_pending_approval_past_its_expiry(db: None, settings: Any) ->
         " is pending past its expiry at "
     )
     assert ApprovalRequest.objects.get(pk=overdue.pk).status == "pending"
+
+
+def event(
+    task: Task, kind: str, step: Step | None = None, pk: int | None = None, **data: Any
+) -> int:
+    """Append an event behind the services' back (the table refuses UPDATE and DELETE,
+    not INSERT); ``pk`` places it in the history's order. Returns its id."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tasks_app_event (id, task_id, step_id, kind, actor, actor_user_id, "
+            "reason, data, created_at) VALUES (COALESCE(%s, nextval(pg_get_serial_sequence("
+            "'tasks_app_event', 'id'))), %s, %s, %s, 'test', NULL, '', %s::jsonb, "
+            "statement_timestamp()) RETURNING id",
+            [pk, task.pk, step.pk if step else None, kind, json.dumps(data)],
+        )
+        inserted: int = cursor.fetchone()[0]
+    return inserted
+
+
+def events_of(task: Task, kind: str) -> list[int]:
+    return list(Event.objects.filter(task_id=task.pk, kind=kind).values_list("pk", flat=True))
+
+
+def test_it_finds_a_task_without_its_enqueued_event(db: None) -> None:
+    sql(
+        "INSERT INTO tasks_app_task (workflow, workflow_version, payload, payload_hash, "
+        "idempotency_key, queue, priority, status, created_by, created_at, updated_at) "
+        "VALUES ('demo.noop', 1, '{}', '', NULL, 'default', 0, 'pending', 'test', "
+        "statement_timestamp(), statement_timestamp())"
+    )
+    task = Task.objects.get()
+
+    assert findings() == [f"enqueued: task {task.pk}: its history is empty: no enqueued event"]
+
+
+def test_it_finds_a_history_that_does_not_start_with_enqueued(db: None) -> None:
+    task = succeeded()
+    [enqueued] = events_of(task, EventKind.ENQUEUED)
+    first = event(task, EventKind.STALE_WRITE_REJECTED, only_step(task), pk=enqueued - 1)
+
+    assert findings() == [
+        f"enqueued: task {task.pk}: its history starts with event {first} "
+        "(stale_write_rejected), not enqueued"
+    ]
+
+
+def test_it_finds_a_claim_that_does_not_raise_the_token(db: None) -> None:
+    task = succeeded()
+    step = only_step(task)
+    again = event(task, EventKind.CLAIMED, step, token=1, attempt=2)
+    event(task, EventKind.LEASE_EXPIRED, step, token=1, outcome="pending")
+
+    assert findings() == [
+        f"fencing: task {task.pk}: claim of token 1 on step {step.pk} (event {again} "
+        "(claimed)) does not raise the token of its previous claim (1)"
+    ]
+
+
+@pytest.mark.no_fold_check
+def test_it_finds_a_stored_token_below_the_claims(db: None) -> None:
+    task = succeeded()
+    step = only_step(task)
+    sql("UPDATE tasks_app_step SET fencing_token = 0 WHERE id = %s", step.pk)
+    [claimed] = events_of(task, EventKind.CLAIMED)
+
+    assert findings() == [
+        f"fencing: task {task.pk}: step {step.pk} stores fencing token 0, below token 1 "
+        f"named by event {claimed} (claimed)",
+        f"history: task {task.pk}: stored state differs from its events: "
+        f"step {step.pk} succeeded/1/0 (events say succeeded/1/1)",
+    ]
+
+
+def test_a_refused_stale_write_names_no_token_the_step_must_have(db: None) -> None:
+    # A worker may present any token; refusing it is what fencing is for.
+    task = succeeded()
+    event(task, EventKind.STALE_WRITE_REJECTED, only_step(task), token=9, operation="complete")
+
+    assert_clean(tasks=1)
+
+
+def test_it_finds_a_claim_with_no_outcome(db: None) -> None:
+    task = noop()
+    step = running(task)
+    # The step went back to pending by an event that does not name the claim it ended.
+    event(
+        task,
+        EventKind.RETRY_SCHEDULED,
+        step,
+        steps={str(step.pk): ["pending", 1, 1]},
+        task_status="pending",
+    )
+    sql(
+        "UPDATE tasks_app_step SET status = 'pending', lease_expires_at = NULL WHERE id = %s",
+        step.pk,
+    )
+    sql("UPDATE tasks_app_task SET status = 'pending' WHERE id = %s", task.pk)
+
+    assert findings() == [
+        f"claim: task {task.pk}: claim of token 1 on step {step.pk} has no outcome"
+    ]
+
+
+def test_a_claim_still_running_on_its_lease_needs_no_outcome_yet(db: None) -> None:
+    running(noop())
+
+    assert_clean(tasks=1)
+
+
+def test_it_finds_a_run_ended_twice(db: None) -> None:
+    task = succeeded()
+    step = only_step(task)
+    [first] = events_of(task, EventKind.SUCCEEDED)
+    again = event(task, EventKind.SUCCEEDED, step, token=1, task_status="succeeded")
+
+    assert findings() == [
+        f"terminal: task {task.pk}: event {again} (succeeded) ends as succeeded a run that "
+        f"event {first} (succeeded) already ended as succeeded"
+    ]
+
+
+def test_it_finds_a_cancelled_task_cancelled_again(db: None) -> None:
+    task = noop()
+    services.cancel(task, actor="cli:ann", reason="not needed")
+    [first] = events_of(task, EventKind.CANCELLED)
+    again = event(task, EventKind.CANCELLED, task_status="cancelled")
+
+    assert findings() == [
+        f"terminal: task {task.pk}: event {again} (cancelled) ends as cancelled a run that "
+        f"event {first} (cancelled) already ended as cancelled"
+    ]
+
+
+def test_a_run_may_end_again_after_a_redrive(db: None) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 2})
+    services.redrive(task, actor="cli:ann", reason="again")
+    advance(task)
+    task.refresh_from_db()
+    assert task.status == TaskStatus.DEAD
+    services.cancel(task, actor="cli:ann", reason="give up")
+
+    assert_clean(tasks=1)
 
 
 # --- scope ----------------------------------------------------------------------------------------

@@ -31,10 +31,14 @@ def _since(text: str) -> datetime | timedelta:
 class Command(OperatorCommand):
     help = (
         "Check that stored state agrees with its event history and the clock: tasks whose "
-        "steps differ from their folded events, steps running past their lease, dead steps "
-        "without their dead_lettered event, effects nobody will settle, approvals past their "
-        "expiry. One line per finding; exit status 1 if there is any, else 0. By default "
-        "it folds the active tasks and those created or finished in the last 24 h."
+        "steps differ from their folded events (history), steps running past their lease "
+        "(lease), dead steps without their dead_lettered event (dead_letter), effects nobody "
+        "will settle (effect), approvals past their expiry (approval), histories that do not "
+        "start with enqueued (enqueued), fencing tokens that do not rise or exceed the "
+        "step's (fencing), claims with no outcome while the step no longer runs on them "
+        "(claim), runs ended twice without a redrive or resolve between (terminal). One "
+        "line per finding; exit status 1 if there is any, else 0. By default it checks the "
+        "active tasks and those created or finished in the last 24 h."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
