@@ -177,8 +177,7 @@ def _task_action(
 
 def form_field(form: Form, exc: InvalidInput) -> str | None:
     """The form field an input error belongs to (``payload.title`` is the payload's)."""
-    name = exc.field.split(".", 1)[0].split("[", 1)[0]
-    return name if name in form.fields else None
+    return exc.top_field if exc.top_field in form.fields else None
 
 
 @require_POST

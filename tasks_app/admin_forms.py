@@ -168,8 +168,7 @@ class EnqueueForm(forms.Form):
 def add_input_error(form: forms.Form, exc: InvalidInput) -> None:
     """Show a rule a service refused on the field it names (``payload.title`` is the
     payload's); a field the form does not have gets a form-wide error."""
-    name = exc.field.split(".", 1)[0].split("[", 1)[0]
-    form.add_error(name if name in form.fields else None, str(exc))
+    form.add_error(exc.top_field if exc.top_field in form.fields else None, str(exc))
 
 
 class ReasonForm(forms.Form):

@@ -15,6 +15,11 @@ class InvalidInput(ValueError):
         self.rule = rule
         super().__init__(message or f"{field}: {rule}")
 
+    @property
+    def top_field(self) -> str:
+        """The input the error is in: ``payload`` for ``payload.title`` or ``items[2]``."""
+        return self.field.split(".", 1)[0].split("[", 1)[0]
+
 
 class InvalidPayload(InvalidInput):
     pass

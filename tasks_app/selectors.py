@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
+from .exceptions import OutcomeUnknown, error_class
 from .models import (
     TERMINAL_TASK_STATUSES,
     Event,
@@ -210,6 +211,10 @@ class StepRow:
     current_lease: Lease | None
 
 
+# What a step that died of an unknown outcome records as its error class.
+OUTCOME_UNKNOWN = error_class(OutcomeUnknown())
+
+
 @dataclass(frozen=True)
 class TaskDetail:
     task: Task
@@ -222,7 +227,7 @@ class TaskDetail:
 
     @property
     def outcome_unknown(self) -> bool:
-        return self.dead_step is not None and self.dead_step.error_class.endswith("OutcomeUnknown")
+        return self.dead_step is not None and self.dead_step.error_class == OUTCOME_UNKNOWN
 
     @property
     def dead_step_is_approval(self) -> bool:

@@ -24,6 +24,7 @@ from django.db.models import F
 from tasks_app.dispatch import publisher
 from tasks_app.history import TaskState, fold
 from tasks_app.models import Step, Task
+from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.remotes import LoopbackRemote, loopback_remotes
 
 BROKER_PREFIX = os.environ.get("TASKS_BROKER_PREFIX", "")
@@ -128,6 +129,23 @@ def worker_thread(target: Callable[[], object], errors: list[BaseException]) -> 
     return threading.Thread(target=work)
 
 
+# --- a two-step workflow ----------------------------------------------------------------------
+
+PAIR = "test.pair"
+
+
+def _done(ctx: StepContext) -> dict[str, Any]:
+    return {"done": ctx.step_key.split(":")[-1]}
+
+
+@pytest.fixture
+def pair() -> Iterator[str]:
+    """Two steps, ``draft`` then ``publish``, each returning ``{"done": <kind>}``."""
+    register(Workflow(PAIR, 1, steps=(StepSpec("draft", _done), StepSpec("publish", _done))))
+    yield PAIR
+    registry.unregister(PAIR, 1)
+
+
 # --- remote systems -------------------------------------------------------------------------
 
 
@@ -139,6 +157,14 @@ def remotes(settings: Any) -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
         settings.MAIL_URL = mail.url
         settings.REMOTE_TIMEOUT_SECONDS = 0.5
         yield publishing, mail
+
+
+@pytest.fixture(scope="module")
+def module_remotes() -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
+    """The remotes a module's worker process calls, on loopback (the worker is told their
+    addresses when it starts, so they live as long as the module)."""
+    with loopback_remotes() as pair:
+        yield pair
 
 
 # --- the broker -----------------------------------------------------------------------------

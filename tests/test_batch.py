@@ -36,7 +36,6 @@ from tests.e2e_support import wait_for
 
 WORKER = "w1"
 LEASE = django_settings.TASKS_LEASE_SECONDS
-PAIR = "test.batch.pair"
 GATE = "test.batch.gate"
 
 
@@ -95,18 +94,6 @@ def lease_count(step: Step) -> int:
 
 
 # --- test workflows -----------------------------------------------------------------------
-
-
-def _done(ctx: StepContext) -> dict[str, Any]:
-    return {"done": ctx.step_key.split(":")[-1]}
-
-
-@pytest.fixture
-def pair() -> Iterator[str]:
-    """Two steps, ``draft`` then ``publish``, each returning ``{"done": <kind>}``."""
-    register(Workflow(PAIR, 1, steps=(StepSpec("draft", _done), StepSpec("publish", _done))))
-    yield PAIR
-    registry.unregister(PAIR, 1)
 
 
 @dataclass

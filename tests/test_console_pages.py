@@ -625,3 +625,12 @@ def test_the_login_page_logs_in_and_goes_to_the_overview(oncall: User) -> None:
     )
     assert response.redirect_chain[-1] == ("/", 302)
     assert 'data-stat="pending"' in body(response)
+
+
+def test_a_refused_page_says_so_in_the_console_and_offers_a_logout(outsider: User) -> None:
+    response = login(outsider).get("/")
+    assert response.status_code == 403
+    page = body(response)
+    assert "<h1>Not permitted</h1>" in page
+    assert 'action="/accounts/logout/"' in page
+    assert ">Overview</a>" not in page  # the nav shows only what the viewer may use

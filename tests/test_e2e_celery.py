@@ -23,7 +23,7 @@ from tasks_app.models import Event, Lease, Step, Task, TaskStatus
 
 from .approval_support import ARTICLE, pending_request
 from .e2e_support import Worker, wait_for, worker_on_test_database
-from .remotes import LoopbackRemote, loopback_remotes
+from .remotes import LoopbackRemote
 
 pytestmark = [
     pytest.mark.e2e,
@@ -35,13 +35,6 @@ LEASE_SECONDS = 5
 SETTLED = {TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED}
 # One line per doorbell the worker has handled (a claim, or nothing to claim).
 RUN_STEP_DONE = r"Task tasks_app\.tasks\.run_step\[[^\]]+\] succeeded in"
-
-
-@pytest.fixture(scope="module")
-def module_remotes() -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
-    """The publishing and mail remotes the worker's workflows call, on loopback."""
-    with loopback_remotes() as pair:
-        yield pair
 
 
 @pytest.fixture(scope="module")

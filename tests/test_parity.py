@@ -50,14 +50,13 @@ from tasks_app import batch, runner, services
 from tasks_app.demo_workflows import flaky, validate_flaky
 from tasks_app.models import Effect, Event, Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.services import Claim
-from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
+from tasks_app.workflows import StepSpec, Workflow, register, registry
 from tests.approval_support import ARTICLE
-from tests.conftest import backdate
+from tests.conftest import PAIR, backdate
 
 WORKER = "w1"
 SLOW, FAST = "w-slow", "w-fast"
 LEASE = settings.TASKS_LEASE_SECONDS
-PAIR = "test.parity.pair"
 RETRY = "test.parity.retry"
 PRODUCER = "cli:producer"
 ONCALL = "cli:oncall"
@@ -292,18 +291,6 @@ def enqueue(workflow: str, payload: dict[str, Any]) -> Task:
 
 
 # --- test workflows -------------------------------------------------------------------------
-
-
-def _done(ctx: StepContext) -> dict[str, Any]:
-    return {"done": ctx.step_key.split(":")[-1]}
-
-
-@pytest.fixture
-def pair() -> Iterator[str]:
-    """Two steps, ``draft`` then ``publish``, each returning ``{"done": <kind>}``."""
-    register(Workflow(PAIR, 1, steps=(StepSpec("draft", _done), StepSpec("publish", _done))))
-    yield PAIR
-    registry.unregister(PAIR, 1)
 
 
 @pytest.fixture

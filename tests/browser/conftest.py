@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 from tests.e2e_support import Worker, worker_on_test_database
-from tests.remotes import LoopbackRemote, loopback_remotes
+from tests.remotes import LoopbackRemote
 
 from .support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, VIEWPORT
 
@@ -62,13 +62,6 @@ def page(context: BrowserContext) -> Page:
 
 
 # --- the worker and its remotes -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def module_remotes() -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
-    """The publishing and mail remotes the worker's workflows call, on loopback."""
-    with loopback_remotes() as pair:
-        yield pair
 
 
 @pytest.fixture(scope="module")
