@@ -12,12 +12,13 @@ PORT ?= 8000
 demo run: export PUBLISH_URL ?= http://$(HOST):$(PORT)/fake/publish/
 demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
 
-.PHONY: help install run migrate demo test test-fast lint format clean bench bench-quick
+.PHONY: help install run migrate demo test test-fast chaos lint format clean bench bench-quick
 
 help:
 	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"
 	@echo "make test   run the whole suite against PostgreSQL and Redis"
 	@echo "make test-fast  the same without the worker-process and browser tests (e2e, browser)"
+	@echo "make chaos  the fault drills: workers, Redis and PostgreSQL killed and restarted"
 	@echo "make lint   ruff and mypy"
 	@echo "make bench  the full benchmark (under 30 min); make bench-quick: every cell, small N"
 
@@ -45,11 +46,16 @@ run: demo
 	PORT=$(PORT) WEB_PORT=$(PORT) HOST=$(HOST) $(VENV)/bin/honcho -f Procfile.dev start
 
 test: install
-	@scripts/with-services.sh $(PY) -m pytest $(PYTEST_ARGS)
+	@scripts/with-services.sh $(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
 
 # The quick loop: everything but the tests that start worker processes or a browser.
 test-fast: install
-	@scripts/with-services.sh $(PY) -m pytest -m "not e2e and not browser" $(PYTEST_ARGS)
+	@scripts/with-services.sh $(PY) -m pytest -m "not e2e and not browser and not chaos" $(PYTEST_ARGS)
+
+# The fault drills (docs/reliability.md) kill and restart the servers they run on, so they
+# get a PostgreSQL and a Redis of their own on spare ports, removed afterwards.
+chaos: install
+	@scripts/with-chaos-services.sh $(PY) -m pytest -m chaos tests/chaos $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -8,6 +8,9 @@ timeout is retried with the same key) -> ``cleanup``.
 24 h, then cancels) -> ``send`` (the remote has no idempotency keys, so a timeout after
 sending dead-letters as ``outcome_unknown`` for a person to resolve).
 
+``demo.deliver``: one write to either remote through the effects ledger, with no person
+in the loop; the fault drills (``make chaos``) count what reaches the remote.
+
 The steps after a review send exactly the draft that was approved: they check its hash
 against the one the approval recorded.
 """
@@ -19,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 
+from tasks_app.demo_workflows import pause
 from tasks_app.exceptions import InvalidPayload, PermanentError
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register
 
@@ -208,5 +212,55 @@ TICKET_REPLY = register(
             validate_payload=validate_ticket,
             description="Draft a reply to a support ticket, have an editor approve it, send it.",
         )
+    )
+)
+
+
+# --- demo.deliver ------------------------------------------------------------------------------
+
+# Each remote, and whether it honours idempotency keys.
+DELIVERY_REMOTES = {"publish": True, "mail": False}
+
+
+def validate_delivery(payload: dict[str, Any]) -> None:
+    for name in sorted(set(payload) - {"remote", "sleep", "linger"}):
+        raise InvalidPayload(f"payload.{name}", "known_field", f"payload.{name}: not a field")
+    if payload.get("remote") not in DELIVERY_REMOTES:
+        raise InvalidPayload(
+            "payload.remote", "choice", f"payload.remote: one of {', '.join(DELIVERY_REMOTES)}"
+        )
+    for name in ("sleep", "linger"):
+        value = payload.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 60:
+            raise InvalidPayload(
+                f"payload.{name}", "range", f"payload.{name}: a number of seconds from 0 to 60"
+            )
+
+
+def deliver(ctx: StepContext) -> dict[str, Any]:
+    """Waits ``sleep`` seconds, writes to the remote, waits ``linger`` seconds (a crash
+    then finds the write done and the step not)."""
+    name = ctx.payload["remote"]
+    honours_key = DELIVERY_REMOTES[name]
+    url = settings.PUBLISH_URL if name == "publish" else settings.MAIL_URL
+    pause(ctx, float(ctx.payload.get("sleep", 0)))
+    answer = ctx.effects.run(
+        "deliver",
+        lambda key: remote.post_json(
+            url, {"task": ctx.task_id}, idempotency_key=key, honours_key=honours_key
+        ),
+        idempotent_remote=honours_key,
+    )
+    pause(ctx, float(ctx.payload.get("linger", 0)))
+    return {"remote_id": answer.get("id")}
+
+
+DELIVER = register(
+    Workflow(
+        "demo.deliver",
+        1,
+        steps=(StepSpec("deliver", deliver, max_attempts=3, backoff_base=0.1, backoff_cap=1.0),),
+        validate_payload=validate_delivery,
+        description="Writes once to the publishing or mail remote, with no review.",
     )
 )

@@ -308,7 +308,7 @@ CONSOLE_LOGIN_WINDOW_SECONDS = env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 900)
 # --- Celery (read by config/celery.py with namespace CELERY) ----------------------------
 
 # Redis hands a message nobody acknowledged to another worker after this many seconds.
-BROKER_VISIBILITY_TIMEOUT = 3600
+BROKER_VISIBILITY_TIMEOUT = env_int("TASKS_BROKER_VISIBILITY_SECONDS", 3600)
 if REDIS_URL:
     # A lease must end before Redis re-delivers the message of the step it covers:
     # otherwise a second worker gets the step while the first still holds it.
@@ -318,8 +318,14 @@ if REDIS_URL:
             f"({BROKER_VISIBILITY_TIMEOUT} s), not {TASKS_LEASE_SECONDS}"
         )
     CELERY_BROKER_URL = REDIS_URL
+    # Redis, surviving a broker restart (config/broker.py).
+    CELERY_BROKER_TRANSPORT = "config.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "visibility_timeout": BROKER_VISIBILITY_TIMEOUT,
+        # Unacknowledged messages are looked at this often (kombu's default is every
+        # 100 s), so a short visibility timeout is honoured about when it says.
+        "unacked_restore_interval": max(1, min(10, BROKER_VISIBILITY_TIMEOUT // 4)),
+        "unacked_restore_throttle": 1,
         "socket_connect_timeout": 2,
         "socket_timeout": 5,
         "max_retries": 1,

@@ -25,6 +25,7 @@ from django.db import connection, transaction
 
 from . import leases
 from .dispatch import Doorbell, ring_on_commit
+from .exceptions import LEASE_EXPIRED
 from .leases import Claim
 from .models import Step, Task, TaskStatus
 from .signals import announce_on_commit
@@ -58,6 +59,8 @@ def claim_batch(
     """Claim up to ``limit`` due steps of one queue, ``step_id`` first if it can be.
 
     The queue is ``queue``, or else the named step's. Nothing is claimed in a paused queue.
+    A step whose last lease ran out is claimed only when named (the runner's first batch
+    of a drain holds just the named step), so a step that kills its process runs alone.
     """
     lease = lease_seconds or settings.TASKS_LEASE_SECONDS
     if not uses_sql():
@@ -97,7 +100,8 @@ def _claim_batch_one_by_one(
         queue = Step.objects.filter(pk=step_id).values_list("queue", flat=True).first()
     if queue is None:
         return []
-    due = Step.objects.due().filter(queue=queue)
+    # A step whose last lease ran out comes only by name (exceptions.LEASE_EXPIRED).
+    due = Step.objects.due().filter(queue=queue).exclude(error_class=LEASE_EXPIRED)
     if step_id is not None:
         due = due.exclude(pk=step_id)
     candidates = list(

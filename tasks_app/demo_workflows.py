@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from typing import Any
 
@@ -13,6 +15,8 @@ FLAKY_ERRORS = {
     "retryable": RetryableError,
     "permanent": PermanentError,
     "outcome_unknown": OutcomeUnknown,
+    # Not an exception: the process running the step dies (a poison step).
+    "crash": None,
 }
 
 
@@ -37,20 +41,35 @@ def validate_flaky(payload: dict[str, Any]) -> None:
         raise bad("error", "choice", f"must be one of {', '.join(FLAKY_ERRORS)}")
 
 
+def pause(ctx: StepContext, seconds: float) -> None:
+    """Sleep for ``seconds``, or less once the step should stop (cancelled, lease lost)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not ctx.should_stop:
+        time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+
+
+def _fail(error: str, message: str) -> None:
+    exception = FLAKY_ERRORS[error]
+    if exception is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        raise exception(message)
+
+
 def flaky(ctx: StepContext) -> dict[str, Any]:
     """Fails on its first ``fail_first`` claims over the step's whole life (its fencing
-    token, so a redrive can succeed), then with probability ``fail_rate``."""
+    token, so a redrive can succeed), then with probability ``fail_rate``. The error
+    ``crash`` kills the process running the step instead of raising."""
     payload = ctx.payload
     if payload.get("sleep"):
-        deadline = time.monotonic() + float(payload["sleep"])
-        while time.monotonic() < deadline and not ctx.should_stop:
-            time.sleep(min(0.05, deadline - time.monotonic()))
-    error = FLAKY_ERRORS[payload.get("error", "retryable")]
+        pause(ctx, float(payload["sleep"]))
+    error = payload.get("error", "retryable")
     if ctx.fencing_token <= int(payload.get("fail_first", 0)):
-        raise error(f"failing on claim {ctx.fencing_token} of {payload['fail_first']} (fail_first)")
+        token, first = ctx.fencing_token, payload["fail_first"]
+        _fail(error, f"failing on claim {token} of {first} (fail_first)")
     rate = float(payload.get("fail_rate", 0))
     if rate and random.Random(f"{payload.get('seed', 0)}:{ctx.fencing_token}").random() < rate:
-        raise error(f"failing on claim {ctx.fencing_token} (fail_rate {rate})")
+        _fail(error, f"failing on claim {ctx.fencing_token} (fail_rate {rate})")
     return {"token": ctx.fencing_token, "attempt": ctx.attempt}
 
 

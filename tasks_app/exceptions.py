@@ -93,6 +93,12 @@ class RemoteRefused(PermanentError):
     the same request cannot help."""
 
 
+# The ``error_class`` of a step whose attempt's lease ran out: its process may have died
+# running it (a poison step kills every process that runs it), so it is claimed only by
+# name, never swept into another step's batch (``tasks_app.batch.claim_batch``).
+LEASE_EXPIRED = "lease_expired"
+
+
 def error_class(exc: BaseException) -> str:
     """The dotted name a failed step records as its ``error_class``."""
     return f"{type(exc).__module__}.{type(exc).__qualname__}"

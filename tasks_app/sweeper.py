@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 
 from .access import SWEEPER
 from .dispatch import Doorbell, ring_on_commit
+from .exceptions import LEASE_EXPIRED
 from .models import EventKind, Lease, Step, StepStatus
 from .transitions import (
     db_now,
@@ -60,7 +61,9 @@ def sweep(*, limit: int = 500) -> SweepReport:
 
 def reap_expired_leases(*, limit: int = 500) -> int:
     """Return steps whose lease ran out (by the database's clock) to pending, or dead-letter
-    them when their attempts are spent."""
+    them when their attempts are spent. Either way the step records ``LEASE_EXPIRED`` as
+    its error: a pending one is then claimed alone, so if it kills the process running
+    it, it takes no other step's attempt along."""
     expired = list(
         Step.objects.filter(status=StepStatus.RUNNING, lease_expires_at__lt=Now())
         .order_by("lease_expires_at")
@@ -92,11 +95,12 @@ def reap_expired_leases(*, limit: int = 500) -> int:
             elif step.attempts >= step.max_attempts:
                 step.status, outcome = StepStatus.DEAD, "dead"
                 step.finished_at = now
-                step.error_class = "lease_expired"
-                step.last_error = f"lease of token {token} expired on attempt {step.attempts}"
             else:
                 step.status, outcome = StepStatus.PENDING, "pending"
                 step.available_at = step.dispatched_at = now
+            if outcome != "cancelled":
+                step.error_class = LEASE_EXPIRED
+                step.last_error = f"lease of token {token} expired on attempt {step.attempts}"
             step.save()
             status = settle_and_record(
                 EventKind.LEASE_EXPIRED,

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 CELERY = str(Path(sys.executable).with_name("celery"))
 
-READY = re.compile(r"celery@\S+ ready\.")
+READY = re.compile(r"\S+@\S+ ready\.")
+BEAT_READY = re.compile(r"beat: Starting\.\.\.")
 # Lines a healthy worker never writes: an error logged by Celery or by our code.
 TROUBLE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback")
 
@@ -78,17 +79,27 @@ def manage(*args: str, env: Mapping[str, str], timeout: float = 60) -> str:
 
 
 class Worker:
-    """A ``celery -A config worker`` subprocess in its own session, logging to a file.
+    """A ``celery -A config worker`` subprocess (or ``beat``, by ``command``) in its own
+    session, logging to a file.
 
     The file (not a pipe) takes its output, so a chatty worker never blocks on a full
     pipe, and the tests read it to see when the worker is ready and what it did.
     """
 
-    def __init__(self, args: Sequence[str], *, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        command: str = "worker",
+        ready: re.Pattern[str] = READY,
+    ) -> None:
         self.log_path = log_path
+        self.ready = ready
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
-            [CELERY, "-A", "config", "worker", *args],
+            [CELERY, "-A", "config", command, *args],
             cwd=ROOT,
             env={**env, "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
@@ -117,7 +128,7 @@ class Worker:
         def ready() -> bool:
             if self._leader_exited():
                 raise AssertionError("the worker exited before it was ready\n" + self.tail())
-            return bool(READY.search(self.output()))
+            return bool(self.ready.search(self.output()))
 
         wait_for(ready, timeout=timeout, what=lambda: "the worker to be ready\n" + self.tail())
 

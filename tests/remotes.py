@@ -48,6 +48,10 @@ class LoopbackRemote:
         with self._lock:
             self._holds += requests
 
+    def release(self) -> None:
+        """Answer the held requests now (and any held later at once)."""
+        self._release.set()
+
     def _take_hold(self) -> bool:
         with self._lock:
             if self._holds:

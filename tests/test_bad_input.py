@@ -95,7 +95,7 @@ TICKET_LIMITS = {"ticket_id": 100, "customer_id": 100, "message": 10_000}
 TEXT_RULES = {"publish_article": ARTICLE_LIMITS, "ticket_reply": TICKET_LIMITS}
 FLAKY_INTEGERS = ("fail_first", "seed")
 FLAKY_NUMBERS = {"fail_rate": 1.0, "sleep": 3600.0}
-FLAKY_ERRORS = ("retryable", "permanent", "outcome_unknown")
+FLAKY_ERRORS = ("retryable", "permanent", "outcome_unknown", "crash")
 
 
 @st.composite

@@ -26,7 +26,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from tasks_app import batch, runner, services
-from tasks_app.exceptions import InvalidTransition
+from tasks_app.exceptions import LEASE_EXPIRED, InvalidTransition
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.services import Claim
 from tasks_app.tasks import run_step
@@ -256,6 +256,27 @@ def test_a_batch_claims_no_more_than_its_limit(limit: int, named: bool) -> None:
     running = Step.objects.filter(pk__in=[s.pk for s in steps], status=StepStatus.RUNNING)
     assert sorted(running.values_list("pk", flat=True)) == sorted(c.step_id for c in claims)
     assert Lease.objects.filter(step__in=steps).count() == limit
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fast_path", [True, False], ids=["sql", "orm"])
+def test_a_step_whose_lease_ran_out_is_claimed_only_by_name_and_alone(
+    settings: Any, fast_path: bool
+) -> None:
+    # It may have killed the process that ran it: in another step's batch it would take
+    # that batch's attempts down with it the next time.
+    settings.TASKS_SQL_FAST_PATH = fast_path
+    suspect, *others = noops(3)
+    claim_due(limit=1, step_id=suspect.pk)
+    backdate(suspect, seconds=LEASE + 1)
+    assert services.reap_expired_leases() == 1
+    suspect = fresh(suspect)
+    assert (suspect.status, suspect.error_class) == (StepStatus.PENDING, LEASE_EXPIRED)
+    assert suspect.last_error == "lease of token 1 expired on attempt 1"
+
+    assert sorted(claim_due(limit=10)) == sorted(step.pk for step in others)
+    assert fresh(suspect).status == StepStatus.PENDING
+    assert list(claim_due(limit=1, step_id=suspect.pk)) == [suspect.pk]
 
 
 @pytest.mark.django_db
@@ -544,7 +565,8 @@ def test_a_completion_whose_lease_was_reaped_and_reclaimed_is_refused_and_the_re
     lost = steps[1]
     backdate(lost, seconds=LEASE + 60)
     assert services.reap_expired_leases() == 1
-    [current] = claim_due(worker_id="fast").values()
+    # Claimed by name, as the doorbell the sweeper rings for it does.
+    [current] = claim_due(worker_id="fast", step_id=lost.pk).values()
     assert (current.step_id, current.token) == (lost.pk, 2)
     lease_before = fresh(lost).lease_expires_at
 
@@ -715,7 +737,7 @@ def test_one_batch_completion_settles_each_task_by_its_own_story(pair: str) -> N
     lost = only_step(overtaken)
     backdate(lost, seconds=LEASE + 60)
     assert services.reap_expired_leases() == 1
-    [current] = claim_due(worker_id="w2").values()
+    [current] = claim_due(worker_id="w2", step_id=lost.pk).values()
 
     accepted = batch.complete_many([(claim, {"step": pk}) for pk, claim in claims.items()])
 
@@ -755,7 +777,8 @@ def _claim_one_by_one(steps: list[Step], worker_id: str) -> dict[int, Claim]:
 
 
 def _claim_as_a_batch(steps: list[Step], worker_id: str) -> dict[int, Claim]:
-    claims = claim_due(limit=len(steps), worker_id=worker_id)
+    # The first by name: a step whose lease ran out is claimed only so.
+    claims = claim_due(limit=len(steps), worker_id=worker_id, step_id=steps[0].pk)
     assert set(claims) == {step.pk for step in steps}
     return claims
 

@@ -503,7 +503,7 @@ def test_a_stale_worker_cannot_complete_fail_or_heartbeat_after_its_lease_was_re
     assert (after.status, after.attempts, after.fencing_token) == (StepStatus.RUNNING, 2, 2)
     assert after.lease_expires_at == before.lease_expires_at
     assert after.result is None
-    assert after.last_error == ""
+    assert after.last_error == before.last_error
     leases = {lease.token: lease for lease in Lease.objects.filter(step=step)}
     assert leases[1].outcome == Lease.Outcome.EXPIRED
     assert leases[2].released_at is None

@@ -59,7 +59,7 @@ def test_a_stale_completion_is_refused_on_the_orm_path_too(orm_path: None) -> No
     [stale] = batch.claim_batch(worker_id="slow", limit=1, queue="default")
     backdate(Step.objects.get(pk=stale.step_id))  # its lease ran out: reaped, claimed again
     assert services.reap_expired_leases() == 1
-    [current] = batch.claim_batch(worker_id="fast", limit=1, queue="default")
+    [current] = batch.claim_batch(worker_id="fast", limit=1, step_id=stale.step_id)
     assert batch.complete_many([(stale, {})]) == set()
     assert Step.objects.get(task=task).status == StepStatus.RUNNING
     assert batch.complete_many([(current, {})]) == {current.step_id}

@@ -1,0 +1,134 @@
+"""The PostgreSQL and Redis servers of a fault drill, which it may stop, restart, pause and
+kill: those ``scripts/with-chaos-services.sh`` started on spare ports for this run (never
+the machine's shared servers), described by its ``CHAOS_*`` variables."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import redis
+
+from tests.e2e_support import wait_for
+
+NEEDS_OWN_SERVERS = (
+    "the fault drills restart PostgreSQL and Redis, so they run only on servers of their "
+    "own: run them with `make chaos` (scripts/with-chaos-services.sh)"
+)
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"{name} is not set: {NEEDS_OWN_SERVERS}")
+    return value
+
+
+def _run(command: list[str], timeout: float = 60) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"{shlex.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+
+
+@dataclass(frozen=True)
+class OwnPostgres:
+    bin: Path
+    data: Path
+    port: int
+    options: str
+    log: Path
+    run_as: tuple[str, ...]
+
+    @classmethod
+    def from_env(cls) -> OwnPostgres:
+        return cls(
+            bin=Path(_env("CHAOS_PG_BIN")),
+            data=Path(_env("CHAOS_PG_DATA")),
+            port=int(_env("CHAOS_PG_PORT")),
+            options=_env("CHAOS_PG_OPTIONS"),
+            log=Path(_env("CHAOS_PG_LOG")),
+            run_as=tuple(shlex.split(os.environ.get("CHAOS_PG_AS", ""))),
+        )
+
+    def _pg_ctl(self, *args: str) -> None:
+        _run([*self.run_as, str(self.bin / "pg_ctl"), "-D", str(self.data), *args])
+
+    def restart(self, mode: str = "immediate") -> None:
+        """Stop the server (``immediate``: as if it crashed, every backend cut off) and
+        start it again, waiting until it accepts connections."""
+        self._pg_ctl("restart", "-m", mode, "-w", "-o", self.options, "-l", str(self.log))
+
+    def terminate_backends(self, dbname: str, *, keep: int | None = None) -> int:
+        """``pg_terminate_backend`` for every session on ``dbname`` but ``keep`` (a
+        backend pid); returns how many were terminated."""
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user=_pg_user(), dbname="postgres", autocommit=True
+        ) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid() AND pid IS DISTINCT FROM %s",
+                (dbname, keep),
+            ).fetchall()
+        return sum(1 for (done,) in rows if done)
+
+
+def _pg_user() -> str:
+    url = _env("DATABASE_URL")
+    return url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class OwnRedis:
+    port: int
+    args: tuple[str, ...]
+    pidfile: Path
+
+    @classmethod
+    def from_env(cls) -> OwnRedis:
+        return cls(
+            port=int(_env("CHAOS_REDIS_PORT")),
+            args=tuple(shlex.split(_env("CHAOS_REDIS_ARGS"))),
+            pidfile=Path(_env("CHAOS_DIR")) / "redis.pid",
+        )
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+
+    def flush(self) -> None:
+        self.client().flushall()
+
+    def pid(self) -> int:
+        return int(self.pidfile.read_text().strip())
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: nothing saved, connections cut) and wait until its
+        port refuses connections."""
+        os.kill(self.pid(), signal.SIGKILL)
+        wait_for(lambda: not self._answers(), timeout=10, what="Redis to stop")
+
+    def start(self) -> None:
+        """Start it again, empty (no persistence), and wait until it answers."""
+        _run(["redis-server", *self.args])
+        wait_for(self._answers, timeout=10, what="Redis to start")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP: the port still accepts connections, nothing is answered (hung)."""
+        os.kill(self.pid(), signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid(), signal.SIGCONT)
+
+    def _answers(self) -> bool:
+        try:
+            return bool(redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
