@@ -304,3 +304,47 @@ def test_the_served_mail_fake_sends_every_request(client: Client, served_fakes: 
     assert first.json()["id"] != again.json()["id"]
     assert len(mail.applied) == 2
     assert client.post("/fake/mail/", "{oops", content_type="application/json").status_code == 400
+
+
+# --- demo.deliver (the fault drills' write) ---------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("payload", "field", "rule"),
+    [
+        ({}, "payload.remote", "choice"),
+        ({"remote": "fax"}, "payload.remote", "choice"),
+        ({"remote": "mail", "sleep": -1}, "payload.sleep", "range"),
+        ({"remote": "mail", "linger": True}, "payload.linger", "range"),
+        ({"remote": "mail", "linger": 61}, "payload.linger", "range"),
+        ({"remote": "mail", "extra": 1}, "payload.extra", "known_field"),
+    ],
+)
+def test_a_delivery_refuses_a_bad_payload_by_field_and_stores_nothing(
+    payload: dict[str, Any], field: str, rule: str
+) -> None:
+    with pytest.raises(InvalidPayload) as caught:
+        services.enqueue("demo.deliver", payload)
+    assert (caught.value.field, caught.value.rule) == (field, rule)
+    assert not Task.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("honours_key", [True, False], ids=["publish", "mail"])
+def test_a_delivery_writes_once_to_its_remote_through_the_ledger(
+    remotes: Remotes, honours_key: bool
+) -> None:
+    publishing, mail = remotes
+    remote = publishing if honours_key else mail
+    task = services.enqueue("demo.deliver", {"remote": "publish" if honours_key else "mail"}).task
+    step = Step.objects.get(task=task)
+
+    assert runner.run_claimed(step.pk)
+
+    step.refresh_from_db()
+    [write] = remote.applied
+    assert step.status == StepStatus.SUCCEEDED
+    assert step.result == {"remote_id": write["id"]}
+    assert Effect.objects.get(step=step).key == write["key"]
+    assert not (mail if honours_key else publishing).applied
