@@ -16,7 +16,7 @@ demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
 
 help:
 	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"
-	@echo "make test   run the whole suite against PostgreSQL and Redis"
+	@echo "make test   run the whole suite but the fault drills against PostgreSQL and Redis"
 	@echo "make test-fast  the same without the worker-process and browser tests (e2e, browser)"
 	@echo "make chaos  the fault drills: workers, Redis and PostgreSQL killed and restarted"
 	@echo "make lint   ruff and mypy"

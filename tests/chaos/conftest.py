@@ -11,9 +11,9 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.remotes import LoopbackRemote, loopback_remotes
+from tests.remotes import loopback_remotes
 
-from .harness import Cluster
+from .harness import Cluster, Remotes
 from .services import NEEDS_OWN_SERVERS, OwnPostgres, OwnRedis
 
 
@@ -44,7 +44,7 @@ def empty_broker(own_redis: OwnRedis, own_postgres: OwnPostgres) -> Iterator[Non
 
 
 @pytest.fixture
-def counting_remotes() -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
+def counting_remotes() -> Iterator[Remotes]:
     """The publishing remote (honours idempotency keys) and the mail remote (does not),
     counting every write they apply."""
     with loopback_remotes() as pair:
@@ -55,7 +55,7 @@ def counting_remotes() -> Iterator[tuple[LoopbackRemote, LoopbackRemote]]:
 def cluster(
     transactional_db: None,
     tmp_path: Path,
-    counting_remotes: tuple[LoopbackRemote, LoopbackRemote],
+    counting_remotes: Remotes,
 ) -> Iterator[Cluster]:
     """Not started yet: a drill sets its environment, then calls ``start``."""
     processes = Cluster(tmp_path, counting_remotes)

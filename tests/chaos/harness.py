@@ -15,7 +15,7 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +30,10 @@ from tests.e2e_support import BEAT_READY, Worker, database_url, wait_for
 from tests.remotes import LoopbackRemote
 
 LEASE_SECONDS = 3
+# The publishing remote (honours idempotency keys) and the mail remote (does not).
+Remotes = tuple[LoopbackRemote, LoopbackRemote]
+# pytest's ``record_property``: what a drill measured, shown after the run.
+Record = Callable[[str, object], None]
 SETTLED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED})
 # A write cut between reaching a remote without idempotency keys and being recorded waits
 # for a person as this (DESIGN rule 6); any other dead letter in a drill is a failure.
@@ -39,7 +43,7 @@ OUTCOME_UNKNOWN = "tasks_app.exceptions.OutcomeUnknown"
 class Cluster:
     """Step workers, a maintenance worker and beat, as ``Procfile`` runs them."""
 
-    def __init__(self, folder: Path, remotes: tuple[LoopbackRemote, LoopbackRemote]) -> None:
+    def __init__(self, folder: Path, remotes: Remotes) -> None:
         self.folder = folder
         self.env: dict[str, str] = {
             **os.environ,
@@ -201,9 +205,7 @@ def wait_for_drain(ids: Sequence[int], cluster: Cluster, *, timeout: float = 120
 # --- the checker -----------------------------------------------------------------------------
 
 
-def assert_nothing_lost_or_done_twice(
-    ids: Sequence[int], remotes: Sequence[LoopbackRemote]
-) -> Counter[str]:
+def assert_nothing_lost_or_done_twice(ids: Sequence[int], remotes: Remotes) -> Counter[str]:
     """The drill's verdict; returns the tasks' statuses.
 
     - no accepted task lost: each exists and ended succeeded, dead or cancelled (the
@@ -273,6 +275,11 @@ def assert_cut_steps_ran_again(tokens: dict[int, int], fault_at: datetime) -> Cu
     assert cut, f"the fault cut no step short (held: {tokens})"
     last = max(step.finished_at for step in cut if step.finished_at is not None)
     return Cut(len(cut), round((last - fault_at).total_seconds(), 1))
+
+
+def record_cut(record_property: Record, cut: Cut) -> None:
+    record_property("steps_cut", cut.steps)
+    record_property("recovery_s", cut.recovery)
 
 
 def resumed_after(moment: datetime) -> float:

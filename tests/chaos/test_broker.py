@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
 from datetime import datetime
 
 import pytest
@@ -21,11 +20,12 @@ from tasks_app.dispatch import Doorbell, publish
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.transitions import db_now
 from tests.e2e_support import PYTHON, ROOT, wait_for
-from tests.remotes import LoopbackRemote
 
 from .harness import (
     RECEIVED,
     Cluster,
+    Record,
+    Remotes,
     assert_nothing_lost_or_done_twice,
     enqueue_workload,
     resumed_after,
@@ -35,8 +35,6 @@ from .services import OwnRedis
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
-Remotes = tuple[LoopbackRemote, LoopbackRemote]
-Record = Callable[[str, object], None]
 RUN_STEP_DONE = r"Task tasks_app\.tasks\.run_step\[[^\]]+\] succeeded in"
 # What an enqueue may take while the broker is down or hung: the publish wait, plus the
 # database work of the enqueue itself.

@@ -5,18 +5,17 @@ out."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from django.db import connection
 
 from tasks_app.models import StepStatus, Task, TaskStatus
 from tasks_app.transitions import db_now
 from tests.e2e_support import wait_for
-from tests.remotes import LoopbackRemote
 
 from .harness import (
     Cluster,
+    Record,
+    Remotes,
     assert_nothing_lost_or_done_twice,
     enqueue_workload,
     resumed_after,
@@ -25,9 +24,6 @@ from .harness import (
 from .services import OwnPostgres
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
-
-Remotes = tuple[LoopbackRemote, LoopbackRemote]
-Record = Callable[[str, object], None]
 
 
 def _started(cluster: Cluster, label: str) -> list[int]:

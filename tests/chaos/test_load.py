@@ -6,18 +6,18 @@ clean run's, is recorded (the goal is above 90%, not asserted: shared machines a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 from django.db import connection
 
 from tasks_app.models import Task
 from tests.e2e_support import wait_for
-from tests.remotes import LoopbackRemote
 
 from .harness import (
     SETTLED,
     Cluster,
+    Record,
+    Remotes,
     assert_nothing_lost_or_done_twice,
     enqueue_workload,
     wait_for_drain,
@@ -49,10 +49,10 @@ def _drain_rate(ids: list[int], cluster: Cluster) -> float:
 
 def test_load_3000_tasks_through_worker_kills_a_database_fault_and_a_redis_restart(
     cluster: Cluster,
-    counting_remotes: tuple[LoopbackRemote, LoopbackRemote],
+    counting_remotes: Remotes,
     own_postgres: OwnPostgres,
     own_redis: OwnRedis,
-    record_property: Callable[[str, object], None],
+    record_property: Record,
 ) -> None:
     cluster.start(workers=2, concurrency=2)
     clean = enqueue_workload(LOAD, label="clean", sleep=SLEEP)

@@ -5,7 +5,6 @@ and the write reached the remote once, although it was sent twice with the same 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
 
 import pytest
 
@@ -13,17 +12,16 @@ from tasks_app import services
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus
 from tasks_app.transitions import db_now
 from tests.e2e_support import wait_for
-from tests.remotes import LoopbackRemote
 
-from .harness import Cluster, assert_nothing_lost_or_done_twice, wait_for_drain
+from .harness import Cluster, Record, Remotes, assert_nothing_lost_or_done_twice, wait_for_drain
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 
 def test_row_6_a_worker_paused_past_its_lease_has_its_writes_refused(
     cluster: Cluster,
-    counting_remotes: tuple[LoopbackRemote, LoopbackRemote],
-    record_property: Callable[[str, object], None],
+    counting_remotes: Remotes,
+    record_property: Record,
 ) -> None:
     publishing, _ = counting_remotes
     # The paused worker's call must still be waiting for its answer when it resumes.

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 import pytest
 
@@ -15,27 +16,21 @@ from tasks_app import services
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.models import Lease, Step, StepStatus, TaskStatus
 from tasks_app.transitions import db_now
-from tests.remotes import LoopbackRemote
+from tests.e2e_support import Worker
 
 from .harness import (
     Cluster,
-    Cut,
+    Record,
+    Remotes,
     assert_cut_steps_ran_again,
     assert_nothing_lost_or_done_twice,
     enqueue_workload,
+    record_cut,
     resumed_after,
     wait_for_drain,
 )
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
-
-Remotes = tuple[LoopbackRemote, LoopbackRemote]
-Record = Callable[[str, object], None]
-
-
-def record_cut(record_property: Record, cut: Cut) -> None:
-    record_property("steps_cut", cut.steps)
-    record_property("recovery_s", cut.recovery)
 
 
 def test_row_1_a_worker_child_killed_mid_step(
@@ -58,38 +53,48 @@ def test_row_1_a_worker_child_killed_mid_step(
     record_cut(record_property, assert_cut_steps_ran_again(tokens, fault_at))
 
 
-def test_row_2_a_whole_worker_killed_and_restarted(
-    cluster: Cluster, counting_remotes: Remotes, record_property: Record
-) -> None:
+def _hit_a_busy_worker(
+    cluster: Cluster,
+    remotes: Remotes,
+    label: str,
+    fault: Callable[[Worker], None],
+    *,
+    sleep: float = 0.2,
+) -> tuple[dict[int, int], datetime]:
+    """With two workers draining 60 tasks, ``fault`` hits the first once it holds steps;
+    waits for the drain and runs the checker. Returns the tokens the worker held then, and
+    when (the database's clock)."""
     cluster.start(workers=2, concurrency=2)
-    ids = enqueue_workload(90, label="row2")
+    ids = enqueue_workload(60, label=label, sleep=sleep)
     victim = cluster.workers[0]
-
     cluster.wait_until_held(by=victim)
     tokens = cluster.held_by(victim)
     fault_at = db_now()
-    cluster.kill(victim)
-    cluster.add_worker()
-
+    fault(victim)
     wait_for_drain(ids, cluster)
-    assert_nothing_lost_or_done_twice(ids, counting_remotes)
+    assert_nothing_lost_or_done_twice(ids, remotes)
+    return tokens, fault_at
+
+
+def test_row_2_a_whole_worker_killed_and_restarted(
+    cluster: Cluster, counting_remotes: Remotes, record_property: Record
+) -> None:
+    def kill_and_replace(victim: Worker) -> None:
+        cluster.kill(victim)
+        cluster.add_worker()
+
+    tokens, fault_at = _hit_a_busy_worker(cluster, counting_remotes, "row2", kill_and_replace)
     record_cut(record_property, assert_cut_steps_ran_again(tokens, fault_at))
 
 
 def test_row_3_a_warm_shutdown_finishes_its_steps(
     cluster: Cluster, counting_remotes: Remotes, record_property: Record
 ) -> None:
-    cluster.start(workers=2, concurrency=2)
-    ids = enqueue_workload(60, label="row3-warm")
-    victim = cluster.workers[0]
+    def warm_shutdown(victim: Worker) -> None:
+        cluster.signal(victim, signal.SIGTERM)
+        assert victim.process.wait(timeout=60) == 0, victim.tail()
 
-    _, tokens = cluster.wait_until_held(by=victim)
-    fault_at = db_now()
-    cluster.signal(victim, signal.SIGTERM)
-    assert victim.process.wait(timeout=60) == 0, victim.tail()
-
-    wait_for_drain(ids, cluster)
-    assert_nothing_lost_or_done_twice(ids, counting_remotes)
+    tokens, fault_at = _hit_a_busy_worker(cluster, counting_remotes, "row3-warm", warm_shutdown)
     # A warm shutdown lets the running steps finish under the lease they hold.
     for step in Step.objects.filter(pk__in=tokens):
         assert (step.status, step.fencing_token) == (StepStatus.SUCCEEDED, tokens[step.pk])
@@ -101,18 +106,13 @@ def test_row_3_a_warm_shutdown_finishes_its_steps(
 def test_row_3_a_cold_shutdown_leaves_its_steps_to_run_again(
     cluster: Cluster, counting_remotes: Remotes, record_property: Record
 ) -> None:
-    cluster.start(workers=2, concurrency=2)
-    ids = enqueue_workload(60, label="row3-cold", sleep=0.6)
-    victim = cluster.workers[0]
+    def cold_shutdown(victim: Worker) -> None:
+        cluster.signal(victim, signal.SIGQUIT)
+        victim.process.wait(timeout=60)
 
-    cluster.wait_until_held(by=victim)
-    tokens = cluster.held_by(victim)
-    fault_at = db_now()
-    cluster.signal(victim, signal.SIGQUIT)
-    victim.process.wait(timeout=60)
-
-    wait_for_drain(ids, cluster)
-    assert_nothing_lost_or_done_twice(ids, counting_remotes)
+    tokens, fault_at = _hit_a_busy_worker(
+        cluster, counting_remotes, "row3-cold", cold_shutdown, sleep=0.6
+    )
     record_cut(record_property, assert_cut_steps_ran_again(tokens, fault_at))
 
 
