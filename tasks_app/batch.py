@@ -59,8 +59,8 @@ def claim_batch(
     """Claim up to ``limit`` due steps of one queue, ``step_id`` first if it can be.
 
     The queue is ``queue``, or else the named step's. Nothing is claimed in a paused queue.
-    A step whose last lease ran out is claimed only when named (the runner's first batch
-    of a drain holds just the named step), so a step that kills its process runs alone.
+    A step whose last lease ran out is claimed only in a batch of its own (named, or with
+    ``limit`` 1), so a step that kills its process takes no other step's attempt along.
     """
     lease = lease_seconds or settings.TASKS_LEASE_SECONDS
     if not uses_sql():
@@ -100,8 +100,11 @@ def _claim_batch_one_by_one(
         queue = Step.objects.filter(pk=step_id).values_list("queue", flat=True).first()
     if queue is None:
         return []
-    # A step whose last lease ran out comes only by name (exceptions.LEASE_EXPIRED).
-    due = Step.objects.due().filter(queue=queue).exclude(error_class=LEASE_EXPIRED)
+    # A step whose last lease ran out is claimed only in a batch of one
+    # (exceptions.LEASE_EXPIRED).
+    due = Step.objects.due().filter(queue=queue)
+    if limit > 1:
+        due = due.exclude(error_class=LEASE_EXPIRED)
     if step_id is not None:
         due = due.exclude(pk=step_id)
     candidates = list(
@@ -114,9 +117,16 @@ def _claim_batch_one_by_one(
         claim = leases.claim_step(pk, worker_id=worker_id, lease_seconds=lease)
         if claim is not None:
             claims.append(claim)
+            if pk == step_id and _alone(pk):
+                break
         if len(claims) == limit:
             break
     return claims
+
+
+def _alone(step_id: int) -> bool:
+    """Whether the step must be claimed in a batch of its own (exceptions.LEASE_EXPIRED)."""
+    return Step.objects.filter(pk=step_id, error_class=LEASE_EXPIRED).exists()
 
 
 def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:

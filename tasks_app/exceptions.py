@@ -94,8 +94,8 @@ class RemoteRefused(PermanentError):
 
 
 # The ``error_class`` of a step whose attempt's lease ran out: its process may have died
-# running it (a poison step kills every process that runs it), so it is claimed only by
-# name, never swept into another step's batch (``tasks_app.batch.claim_batch``).
+# running it (a poison step kills every process that runs it), so it is claimed only in a
+# batch of its own, never with other steps (``tasks_app.batch.claim_batch``).
 LEASE_EXPIRED = "lease_expired"
 
 

@@ -271,7 +271,8 @@ def drain(step_id: int) -> int:
     Batches start at one step and double while steps are quick (up to
     ``TASKS_CLAIM_BATCH``), so slow handlers are not hoarded by one worker. After
     ``TASKS_DRAIN_SECONDS`` the worker rings for the rest and returns, so one message
-    never holds a worker for long. A drain that finds a backlog (a full batch past the
+    never holds a worker for long. Steps whose last lease ran out come one per batch, once
+    a larger batch finds nothing else. A drain that finds a backlog (a full batch past the
     first) rings once more, so a burst recruits workers one after another. Returns how
     many steps were run.
     """
@@ -282,6 +283,10 @@ def drain(step_id: int) -> int:
     named: int | None = step_id
     while True:
         claims = batch.claim_batch(worker_id=worker, limit=size, step_id=named, queue=queue)
+        if not claims and size > 1:
+            # What is left may be steps claimed only in a batch of one (LEASE_EXPIRED).
+            size = 1
+            claims = batch.claim_batch(worker_id=worker, limit=1, queue=queue)
         if not claims:
             return ran
         if not recruited and size > 1 and len(claims) == size:

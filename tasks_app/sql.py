@@ -32,17 +32,24 @@ WITH target AS (
       AND s.queue = (SELECT queue FROM open_queue)
     FOR UPDATE OF s, t SKIP LOCKED
 ), more AS (
-    -- A step whose last lease ran out comes only by name (exceptions.LEASE_EXPIRED).
+    -- A step whose last lease ran out is claimed only in a batch of one
+    -- (exceptions.LEASE_EXPIRED).
     SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
     WHERE s.queue = (SELECT queue FROM open_queue) AND {DUE}
-      AND s.id IS DISTINCT FROM %(step)s AND s.error_class <> '{LEASE_EXPIRED}'
+      AND s.id IS DISTINCT FROM %(step)s
+      AND (%(limit)s = 1 OR s.error_class <> '{LEASE_EXPIRED}')
     ORDER BY s.priority DESC, s.available_at
     LIMIT %(limit)s
     FOR UPDATE OF s, t SKIP LOCKED
 ), picked AS (
-    -- The named step first; when it cannot be claimed, its place goes to another.
+    -- The named step first; when it cannot be claimed, its place goes to another. A named
+    -- step whose last lease ran out is the whole batch.
     SELECT id FROM (SELECT id, 0 AS rank FROM named UNION ALL SELECT id, 1 FROM more) AS c
-    ORDER BY rank LIMIT %(limit)s
+    ORDER BY rank
+    LIMIT CASE WHEN EXISTS (
+        SELECT 1 FROM named JOIN tasks_app_step x ON x.id = named.id
+        WHERE x.error_class = '{LEASE_EXPIRED}'
+    ) THEN 1 ELSE %(limit)s END
 ), claimed AS (
     UPDATE tasks_app_step s
     SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,

@@ -62,8 +62,8 @@ def sweep(*, limit: int = 500) -> SweepReport:
 def reap_expired_leases(*, limit: int = 500) -> int:
     """Return steps whose lease ran out (by the database's clock) to pending, or dead-letter
     them when their attempts are spent. Either way the step records ``LEASE_EXPIRED`` as
-    its error: a pending one is then claimed alone, so if it kills the process running
-    it, it takes no other step's attempt along."""
+    its error: a pending one is then claimed in a batch of its own, so if it kills the
+    process running it, it takes no other step's attempt along."""
     expired = list(
         Step.objects.filter(status=StepStatus.RUNNING, lease_expires_at__lt=Now())
         .order_by("lease_expires_at")

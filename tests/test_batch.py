@@ -260,23 +260,60 @@ def test_a_batch_claims_no_more_than_its_limit(limit: int, named: bool) -> None:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("fast_path", [True, False], ids=["sql", "orm"])
-def test_a_step_whose_lease_ran_out_is_claimed_only_by_name_and_alone(
+def test_a_step_whose_lease_ran_out_is_claimed_only_in_a_batch_of_its_own(
     settings: Any, fast_path: bool
 ) -> None:
     # It may have killed the process that ran it: in another step's batch it would take
     # that batch's attempts down with it the next time.
     settings.TASKS_SQL_FAST_PATH = fast_path
-    suspect, *others = noops(3)
-    claim_due(limit=1, step_id=suspect.pk)
-    backdate(suspect, seconds=LEASE + 1)
-    assert services.reap_expired_leases() == 1
-    suspect = fresh(suspect)
-    assert (suspect.status, suspect.error_class) == (StepStatus.PENDING, LEASE_EXPIRED)
-    assert suspect.last_error == "lease of token 1 expired on attempt 1"
+    [suspect] = noops(1, priority=9)
+    others = noops(4)
 
-    assert sorted(claim_due(limit=10)) == sorted(step.pk for step in others)
+    def reap() -> None:
+        backdate(suspect, seconds=LEASE + 1)
+        assert services.reap_expired_leases() == 1
+
+    claim_due(limit=1, step_id=suspect.pk)
+    reap()
+    after = fresh(suspect)
+    assert (after.status, after.error_class) == (StepStatus.PENDING, LEASE_EXPIRED)
+    assert after.last_error == "lease of token 1 expired on attempt 1"
+
+    # Passed over by a batch of two, for all its priority; named, it is the whole batch.
+    assert sorted(claim_due(limit=2)) == [others[0].pk, others[1].pk]
     assert fresh(suspect).status == StepStatus.PENDING
-    assert list(claim_due(limit=1, step_id=suspect.pk)) == [suspect.pk]
+    assert list(claim_due(limit=4, step_id=suspect.pk)) == [suspect.pk]
+    reap()
+    # A batch of one takes it first, by its priority.
+    assert list(claim_due(limit=1)) == [suspect.pk]
+    pending = Step.objects.filter(pk__in=[s.pk for s in others], status=StepStatus.PENDING)
+    assert sorted(pending.values_list("pk", flat=True)) == [others[2].pk, others[3].pk]
+
+
+@pytest.mark.django_db
+def test_a_drain_runs_the_steps_whose_lease_ran_out_one_per_batch_after_the_rest(
+    patient_drain: None,
+) -> None:
+    steps = noops(6)
+    suspects, ordinary = {s.pk for s in steps[:2]}, steps[2:]
+    for pk in suspects:
+        claim_due(limit=1, step_id=pk)
+    for step in steps[:2]:
+        backdate(step, seconds=LEASE + 1)
+    assert services.reap_expired_leases() == 2
+
+    assert runner.drain(ordinary[0].pk) == 6
+
+    done = Step.objects.filter(pk__in=[s.pk for s in steps], status=StepStatus.SUCCEEDED)
+    assert done.count() == 6
+    for claimed_together in claimed_batches(steps):
+        assert len(claimed_together) == 1 or not suspects & set(claimed_together)
+    last_ordinary = max(
+        Lease.objects.filter(step__in=ordinary).values_list("acquired_at", flat=True)
+    )
+    again = Lease.objects.filter(step__in=suspects, token=2).values_list("acquired_at", flat=True)
+    assert len(again) == 2
+    assert all(acquired > last_ordinary for acquired in again)
 
 
 @pytest.mark.django_db
