@@ -13,6 +13,7 @@ import itertools
 import os
 import re
 import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -26,7 +27,7 @@ from django.db import connection
 
 from tasks_app import invariants, services
 from tasks_app.models import Effect, Lease, Step, StepStatus, Task, TaskStatus
-from tests.e2e_support import BEAT_READY, Worker, database_url, wait_for
+from tests.e2e_support import BEAT_READY, PYTHON, ROOT, Worker, database_url, wait_for
 from tests.remotes import LoopbackRemote
 
 LEASE_SECONDS = 3
@@ -59,6 +60,7 @@ class Cluster:
         }
         self.workers: list[Worker] = []
         self.processes: list[Worker] = []
+        self.beat: Worker | None = None
         self._names = itertools.count(1)
 
     def start(self, *, workers: int = 1, concurrency: int = 2) -> Cluster:
@@ -71,28 +73,34 @@ class Cluster:
             ready=BEAT_READY,
         )
         self.processes.append(beat)
+        self.beat = beat
         started = [self.add_worker(concurrency, wait=False) for _ in range(workers)]
         for process in (maintenance, beat, *started):
             process.wait_ready(timeout=90)
         return self
 
-    def add_worker(self, concurrency: int = 2, *, wait: bool = True) -> Worker:
+    def add_worker(
+        self, concurrency: int = 2, *, wait: bool = True, env: dict[str, str] | None = None
+    ) -> Worker:
+        """Another step worker; ``env`` adds to the cluster's environment."""
         worker = self._spawn(
-            f"worker{next(self._names)}", ["--queues", "default", "--concurrency", str(concurrency)]
+            f"worker{next(self._names)}",
+            ["--queues", "default", "--concurrency", str(concurrency)],
+            env,
         )
         self.workers.append(worker)
         if wait:
             worker.wait_ready(timeout=90)
         return worker
 
-    def _spawn(self, name: str, args: list[str]) -> Worker:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Worker:
         process = Worker(
             [
                 *args,
                 *("--loglevel", "INFO", "-n", f"{name}@%h"),
                 *("--without-gossip", "--without-mingle", "--without-heartbeat"),
             ],
-            env=self.env,
+            env={**self.env, **(env or {})},
             log_path=self.folder / f"{name}.log",
         )
         self.processes.append(process)
@@ -205,12 +213,15 @@ def wait_for_drain(ids: Sequence[int], cluster: Cluster, *, timeout: float = 120
 # --- the checker -----------------------------------------------------------------------------
 
 
-def assert_nothing_lost_or_done_twice(ids: Sequence[int], remotes: Remotes) -> Counter[str]:
+def assert_nothing_lost_or_done_twice(
+    ids: Sequence[int], remotes: Remotes, *, dead_as: Iterable[str] = (OUTCOME_UNKNOWN,)
+) -> Counter[str]:
     """The drill's verdict; returns the tasks' statuses.
 
     - no accepted task lost: each exists and ended succeeded, dead or cancelled (the
       workloads have no approval step, so none waits for a person on purpose);
-    - the only dead letters are writes whose outcome is unknown;
+    - the only dead letters are writes whose outcome is unknown (or what ``dead_as``
+      names);
     - the checker (``tasks_app.invariants``, ``manage.py check_invariants``) finds
       nothing over every task: each folds to its stored state, histories start with
       ``enqueued``, tokens rise, every claim is answered, a run ends once, no step runs
@@ -228,7 +239,7 @@ def assert_nothing_lost_or_done_twice(ids: Sequence[int], remotes: Remotes) -> C
             "error_class", flat=True
         )
     )
-    assert set(dead) <= {OUTCOME_UNKNOWN}, f"unexpected dead letters: {dict(dead)}"
+    assert set(dead) <= set(dead_as), f"unexpected dead letters: {dict(dead)}"
 
     report = invariants.check(since=None)
     assert report.ok, "the checker found:\n" + "\n".join(map(str, report.findings))
@@ -283,11 +294,63 @@ def record_cut(record_property: Record, cut: Cut) -> None:
 
 
 def resumed_after(moment: datetime) -> float:
-    """Seconds from ``moment`` (the database's clock) until the first step finished after
-    it: how soon work flowed again once a fault ended."""
-    first = Step.objects.filter(finished_at__gt=moment).order_by("finished_at").first()
-    assert first is not None and first.finished_at is not None, "no step finished afterwards"
-    return round((first.finished_at - moment).total_seconds(), 1)
+    """Seconds from ``moment`` (the database's clock) until a worker next claimed a step:
+    how soon work flowed again once a fault ended (steps already running may finish
+    without the broker)."""
+    first = Lease.objects.filter(acquired_at__gt=moment).order_by("acquired_at").first()
+    assert first is not None, "no step was claimed afterwards"
+    return round((first.acquired_at - moment).total_seconds(), 1)
+
+
+# Holds back the processes of :func:`at_once` until all of them are waiting.
+BARRIER_KEY = 811_011
+BARRIER = f"""
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute("SELECT pg_advisory_lock_shared({BARRIER_KEY})")
+    cursor.execute("SELECT pg_advisory_unlock_shared({BARRIER_KEY})")
+"""
+
+
+def at_once(cluster: Cluster, scripts: Sequence[str]) -> list[str]:
+    """Run each script in a ``manage.py shell`` process of its own, all released together
+    once every one is waiting at a barrier (a PostgreSQL advisory lock this process
+    holds); returns what each printed. Each must exit with status 0."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [BARRIER_KEY])
+    processes = [
+        subprocess.Popen(
+            [PYTHON, "manage.py", "shell", "-v", "0", "-c", BARRIER + script],
+            cwd=ROOT,
+            env=cluster.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for script in scripts
+    ]
+    try:
+        wait_for(lambda: _waiting_at_barrier() == len(scripts), timeout=60, what="the processes")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [BARRIER_KEY])
+    outputs = []
+    for process in processes:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        outputs.append(out.strip())
+    return outputs
+
+
+def _waiting_at_barrier() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+            "AND NOT granted",
+            [BARRIER_KEY],
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
 
 
 RECEIVED = re.compile(r"Task tasks_app\.tasks\.run_step\[([0-9a-f-]+)\] received")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,7 @@ class OwnRedis:
         """Kill the server (SIGKILL: nothing saved, connections cut) and wait until its
         port refuses connections."""
         os.kill(self.pid(), signal.SIGKILL)
-        wait_for(lambda: not self._answers(), timeout=10, what="Redis to stop")
+        wait_for(lambda: not self._listening(), timeout=10, what="Redis to stop")
 
     def start(self) -> None:
         """Start it again, empty (no persistence), and wait until it answers."""
@@ -126,6 +127,14 @@ class OwnRedis:
 
     def resume(self) -> None:
         os.kill(self.pid(), signal.SIGCONT)
+
+    def _listening(self) -> bool:
+        # A plain connect: redis-py retries a refused connection with backoff, for seconds.
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+        except OSError:
+            return False
+        return True
 
     def _answers(self) -> bool:
         try:
