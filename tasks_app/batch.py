@@ -110,6 +110,8 @@ def _claim_batch_one_by_one(
     candidates = list(
         due.order_by("-priority", "available_at").values_list("pk", flat=True)[:limit]
     )
+    # A named step whose last lease ran out is the whole batch.
+    alone = step_id is not None and _alone(step_id)
     if step_id is not None:
         candidates.insert(0, step_id)
     claims = []
@@ -117,7 +119,7 @@ def _claim_batch_one_by_one(
         claim = leases.claim_step(pk, worker_id=worker_id, lease_seconds=lease)
         if claim is not None:
             claims.append(claim)
-            if pk == step_id and _alone(pk):
+            if pk == step_id and alone:
                 break
         if len(claims) == limit:
             break
