@@ -27,6 +27,7 @@ RAW_CHANNEL = "bench_raw"
 # Environment variables the harness sets for its subprocesses.
 ENV_DSN = "BENCH_DSN"  # libpq URI of the bench database (procrastinate, raw)
 ENV_READY_DIR = "BENCH_READY_DIR"  # workers drop "<pid>.ready" here once they can work
+ENV_PROC_CONCURRENCY = "BENCH_PROC_CONCURRENCY"  # a procrastinate worker's concurrency
 ENV_GO_FILE = "BENCH_GO_FILE"  # procrastinate/raw workers wait for this file to exist
 
 

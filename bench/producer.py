@@ -170,6 +170,7 @@ CLIENTS: dict[str, Callable[[], Client]] = {
     "us": UsClient,
     "celery": CeleryClient,
     "proc": ProcClient,
+    "proc10": ProcClient,
     "raw": RawClient,
 }
 

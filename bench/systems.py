@@ -17,7 +17,15 @@ from typing import Any, ClassVar
 import psycopg
 import redis
 
-from .common import ENV_DSN, ENV_GO_FILE, ENV_READY_DIR, PLAIN_QUEUE, PLAIN_STARTS_KEY, scalar
+from .common import (
+    ENV_DSN,
+    ENV_GO_FILE,
+    ENV_PROC_CONCURRENCY,
+    ENV_READY_DIR,
+    PLAIN_QUEUE,
+    PLAIN_STARTS_KEY,
+    scalar,
+)
 from .procs import ProcessGroup, children, memory_kib
 from .raw import TABLE as RAW_TABLE
 
@@ -88,6 +96,9 @@ class System:
     # the queue lists) rather than a go file the worker processes wait for.
     staged: ClassVar[bool] = False
     poll_interval: ClassVar[float] = 0.1
+    # False for a variant that differs only in its workers: its enqueue cell would repeat
+    # another system's.
+    measures_enqueue: ClassVar[bool] = True
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
@@ -265,11 +276,14 @@ class Us(_CeleryBased):
 
 
 class PlainCelery(_CeleryBased):
-    """A plain Celery task in this Django project (bench.plain_tasks)."""
+    """A plain Celery task in this Django project (bench.plain_tasks), its worker with
+    Celery's default prefetch multiplier (4), as a plain Celery user keeps it and as
+    Celery's guide advises for many short tasks; the durable worker's 1 is this project's
+    choice, not theirs."""
 
     key = "celery"
     label = "CELERY"
-    extra_args = ["-I", "bench.plain_tasks", "-Q", PLAIN_QUEUE]
+    extra_args = ["-I", "bench.plain_tasks", "-Q", PLAIN_QUEUE, "--prefetch-multiplier", "4"]
     poll_interval = 0.005  # a Redis poll costs next to nothing
 
     def _remaining(self) -> int:
@@ -312,6 +326,7 @@ class _GoFileBased(System):
         env[ENV_DSN] = self.ctx.dsn
         if barrier:
             env[ENV_GO_FILE] = str(group.folder / "go")
+        env.update(self.worker_env())
         for _ in range(n):
             group.spawn([self.ctx.python, "-m", self.module], env)
         return group
@@ -321,6 +336,9 @@ class _GoFileBased(System):
         (group.folder / "go").touch()
         return released
 
+    def worker_env(self) -> dict[str, str]:
+        return {}
+
 
 class Proc(_GoFileBased):
     """procrastinate 3.x: N worker processes, concurrency 1 each."""
@@ -328,6 +346,11 @@ class Proc(_GoFileBased):
     key = "proc"
     label = "PROC"
     module = "bench.proc_worker"
+    concurrency: ClassVar[int] = 1
+
+    def worker_env(self) -> dict[str, str]:
+        return {ENV_PROC_CONCURRENCY: str(self.concurrency)}
+
     tables = ("procrastinate_jobs", "procrastinate_events", "procrastinate_periodic_defers")
 
     def staged_count(self) -> int:
@@ -370,6 +393,16 @@ class Proc(_GoFileBased):
                 " WHERE status IN ('todo', 'doing'))",
             )
         )
+
+
+class Proc10(Proc):
+    """procrastinate with concurrency 10 per worker process, as its users run I/O-bound
+    work; the report compares with the better of this and PROC, cell by cell."""
+
+    key = "proc10"
+    label = "PROC10"
+    concurrency = 10
+    measures_enqueue = False  # the same producer as PROC
 
 
 class Raw(_GoFileBased):
@@ -420,5 +453,5 @@ class Raw(_GoFileBased):
         )
 
 
-SYSTEMS: dict[str, type[System]] = {cls.key: cls for cls in (Us, PlainCelery, Proc, Raw)}
-ORDER = ["us", "celery", "proc", "raw"]
+SYSTEMS: dict[str, type[System]] = {cls.key: cls for cls in (Us, PlainCelery, Proc, Proc10, Raw)}
+ORDER = ["us", "celery", "proc", "proc10", "raw"]
