@@ -90,6 +90,9 @@ def parse_args(argv: list[str] | None) -> Options:
     )
     parser.add_argument("--senders", type=int, help="override the open loop's sender threads")
     parser.add_argument(
+        "--workers", help="override the drain cells' worker processes, comma-separated (1,2,4,8)"
+    )
+    parser.add_argument(
         "--docs",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -101,6 +104,14 @@ def parse_args(argv: list[str] | None) -> Options:
         mode = Mode(**{**asdict(mode), "runs": args.runs})
     if args.senders:
         mode = Mode(**{**asdict(mode), "senders": args.senders})
+    if args.workers:
+        try:
+            workers = tuple(int(n) for n in args.workers.split(",") if n.strip())
+        except ValueError:
+            workers = ()
+        if not workers or min(workers) < 1:
+            parser.error("--workers takes positive whole numbers, comma-separated")
+        mode = Mode(**{**asdict(mode), "workers": workers})
     cells = {c.strip() for c in args.cells.split(",") if c.strip()}
     if not cells or cells - set(ALL_CELLS):
         parser.error(f"--cells takes {', '.join(ALL_CELLS)}")
@@ -290,10 +301,10 @@ def run_cells(
         orders.append(order)
         for key in order:
             system = SYSTEMS[key](bench.ctx)
-            plan: list[tuple[str, int | None]] = [("enqueue", None)] * system.measures_enqueue
+            plan: list[tuple[str, int | None]] = [("enqueue", None)]
             plan += [("drain", n) for n in mode.workers]
             plan.append(("latency", None))
-            plan = [step for step in plan if step[0] in wanted]
+            plan = [step for step in plan if step[0] in wanted and step[0] in system.cells]
             for cell_name, workers in plan:
                 cell: dict[str, Any] = {"run": run, "system": key, "cell": cell_name}
                 if workers is not None:

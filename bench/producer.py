@@ -168,6 +168,7 @@ class RawClient:
 
 CLIENTS: dict[str, Callable[[], Client]] = {
     "us": UsClient,
+    "procfile": UsClient,
     "celery": CeleryClient,
     "proc": ProcClient,
     "proc10": ProcClient,

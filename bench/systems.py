@@ -8,6 +8,8 @@ workers' and the harness's ``time.time()`` all read the same clock.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from .common import (
     ENV_READY_DIR,
     PLAIN_QUEUE,
     PLAIN_STARTS_KEY,
+    ROOT,
     scalar,
 )
 from .procs import ProcessGroup, children, memory_kib
@@ -96,9 +99,9 @@ class System:
     # the queue lists) rather than a go file the worker processes wait for.
     staged: ClassVar[bool] = False
     poll_interval: ClassVar[float] = 0.1
-    # False for a variant that differs only in its workers: its enqueue cell would repeat
-    # another system's.
-    measures_enqueue: ClassVar[bool] = True
+    # The cells it runs; a variant that differs only in its workers leaves out the enqueue
+    # cell, which would repeat another system's.
+    cells: ClassVar[tuple[str, ...]] = ("enqueue", "drain", "latency")
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
@@ -275,6 +278,44 @@ class Us(_CeleryBased):
         )
 
 
+class UsProcfile(Us):
+    """Our worker exactly as the Procfile's ``worker`` line starts it (its log level, its
+    Celery defaults, the production logging settings), with the cell's concurrency and a
+    node name added; compared with the harness's US worker in the drain cells."""
+
+    key = "procfile"
+    label = "US/PF"
+    cells = ("drain",)
+    extra_args = ["-I", "bench.worker_hooks"]
+
+    def start_workers(self, n: int, *, barrier: bool) -> ProcessGroup:
+        group = self.ctx.new_group(f"{self.key}-c{n}")
+        env = {k: v for k, v in self.ctx.env.items() if k not in PRODUCTION_LOG_SETTINGS}
+        env[ENV_READY_DIR] = str(group.ready_dir)
+        node = f"bench-{self.key}-{os.getpid()}-{group.folder.name}@%h"
+        argv = procfile_command("worker", env)
+        if argv[0] != "celery":
+            raise RuntimeError(f"the Procfile's worker line does not start celery: {argv}")
+        argv = [self.ctx.celery, *argv[1:], "-c", str(n), "-n", node, *self.extra_args]
+        group.spawn(argv, env)
+        return group
+
+
+# Settings the harness sets for quiet workers; the Procfile's worker runs without them.
+PRODUCTION_LOG_SETTINGS = {"TASKS_LOG_LEVEL", "TASKS_LOG_MESSAGES"}
+_DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def procfile_command(name: str, env: dict[str, str]) -> list[str]:
+    """The Procfile's ``name`` line as argv, its ``${VAR:-default}`` read from ``env``."""
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        process, _, command = line.partition(":")
+        if process.strip() == name:
+            expanded = _DEFAULTED.sub(lambda m: env.get(m[1]) or m[2], command)
+            return shlex.split(expanded)
+    raise RuntimeError(f"the Procfile has no {name!r} line")
+
+
 class PlainCelery(_CeleryBased):
     """A plain Celery task in this Django project (bench.plain_tasks), its worker with
     Celery's default prefetch multiplier (4), as a plain Celery user keeps it and as
@@ -402,7 +443,7 @@ class Proc10(Proc):
     key = "proc10"
     label = "PROC10"
     concurrency = 10
-    measures_enqueue = False  # the same producer as PROC
+    cells = ("drain", "latency")  # the same producer as PROC
 
 
 class Raw(_GoFileBased):
@@ -453,5 +494,7 @@ class Raw(_GoFileBased):
         )
 
 
-SYSTEMS: dict[str, type[System]] = {cls.key: cls for cls in (Us, PlainCelery, Proc, Proc10, Raw)}
-ORDER = ["us", "celery", "proc", "proc10", "raw"]
+SYSTEMS: dict[str, type[System]] = {
+    cls.key: cls for cls in (Us, UsProcfile, PlainCelery, Proc, Proc10, Raw)
+}
+ORDER = ["us", "procfile", "celery", "proc", "proc10", "raw"]

@@ -218,13 +218,22 @@ SECURE_CSP = {
     "frame-ancestors": [CSP.NONE],
 }
 
+# Celery logs two lines per message at INFO (received, succeeded). A worker drains many
+# steps per message and logs one line per drain instead (tasks_app.runner); on, Celery's
+# lines come back, for following single messages.
+TASKS_LOG_MESSAGES = env_bool("TASKS_LOG_MESSAGES")
+_quiet = {} if TASKS_LOG_MESSAGES else {"level": "WARNING"}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {"tasks_app": {"level": env_str("TASKS_LOG_LEVEL", "INFO")}},
+    "loggers": {
+        "tasks_app": {"level": env_str("TASKS_LOG_LEVEL", "INFO")},
+        "celery.app.trace": _quiet,
+        "celery.worker.strategy": _quiet,
+    },
 }
 
 if PRODUCTION:

@@ -153,8 +153,9 @@ def execute(claim: services.Claim) -> None:
     run_batch([claim])
 
 
-def run_batch(claims: Sequence[services.Claim]) -> None:
-    """Run claimed steps one after another and record their outcomes.
+def run_batch(claims: Sequence[services.Claim]) -> int:
+    """Run claimed steps one after another and record their outcomes; returns how many
+    returned a result (the rest failed: retried or dead-lettered).
 
     Failures are recorded as they happen; successes are recorded together at the end in
     one transaction (:func:`batch.complete_many`), each still fenced by its token, except
@@ -162,7 +163,7 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
     lease keeper keeps every lease of the batch alive until then.
     """
     if not claims:
-        return
+        return 0
     rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
     lease_keeper.watch(claims)
     succeeded: list[tuple[services.Claim, Any]] = []
@@ -185,6 +186,7 @@ def run_batch(claims: Sequence[services.Claim]) -> None:
     batch.complete_many(together)
     for claim, result in one_by_one:
         services.complete_step(claim, result)
+    return len(succeeded)
 
 
 def _run_one(claim: services.Claim, step: Step) -> Any:
@@ -274,38 +276,65 @@ def drain(step_id: int) -> int:
     never holds a worker for long. Steps whose last lease ran out come one per batch, once
     a larger batch finds nothing else. A drain that finds a backlog (a full batch past the
     first) rings once more, so a burst recruits workers one after another. Returns how
-    many steps were run.
+    many steps were run, and logs one line at INFO when it ran any.
     """
+    tally = _Tally(started=time.monotonic())
+    try:
+        _drain(step_id, tally)
+    finally:
+        if tally.ran:
+            logger.info(
+                "drained %d step(s) from queue %s in %.0f ms: %d returned, %d failed",
+                tally.ran,
+                tally.queue,
+                (time.monotonic() - tally.started) * 1000,
+                tally.returned,
+                tally.ran - tally.returned,
+            )
+    return tally.ran
+
+
+@dataclass
+class _Tally:
+    """What one drain did, for its log line."""
+
+    started: float
+    queue: str | None = None
+    ran: int = 0
+    returned: int = 0
+
+
+def _drain(step_id: int, tally: _Tally) -> None:
     worker = worker_id()
     deadline = time.monotonic() + settings.TASKS_DRAIN_SECONDS
-    size, ran, recruited = 1, 0, False
-    queue: str | None = None
+    size, recruited = 1, False
     named: int | None = step_id
     while True:
+        queue = tally.queue
         claims = batch.claim_batch(worker_id=worker, limit=size, step_id=named, queue=queue)
         if not claims and size > 1:
             # What is left may be steps claimed only in a batch of one (LEASE_EXPIRED).
             size = 1
             claims = batch.claim_batch(worker_id=worker, limit=1, queue=queue)
         if not claims:
-            return ran
+            return
         if not recruited and size > 1 and len(claims) == size:
             # A full batch past the first: a backlog, so wake one more worker to help.
             ring_on_commit([Doorbell(claims[-1].step_id, claims[0].queue)])
             recruited = True
-        queue, named = claims[0].queue, None
+        tally.queue, named = claims[0].queue, None
         began = time.monotonic()
-        run_batch(claims)
-        ran += len(claims)
+        tally.returned += run_batch(claims)
+        tally.ran += len(claims)
         per_step = (time.monotonic() - began) / len(claims)
         if per_step < FAST_STEP_SECONDS:
             size = min(size * 2, settings.TASKS_CLAIM_BATCH)
         elif per_step * size > SLOW_BATCH_SECONDS:
             size = max(size // 2, 1)
         if time.monotonic() >= deadline:
-            if batch.queue_has_due_steps(queue):
-                ring_on_commit([Doorbell(claims[-1].step_id, queue)])
-            return ran
+            if batch.queue_has_due_steps(tally.queue):
+                ring_on_commit([Doorbell(claims[-1].step_id, tally.queue)])
+            return
 
 
 def run_task_steps(task: Task, *, limit: int = 50) -> int:

@@ -101,7 +101,8 @@ class Worker:
         self.process = subprocess.Popen(
             [CELERY, "-A", "config", command, *args],
             cwd=ROOT,
-            env={**env, "PYTHONUNBUFFERED": "1"},
+            # The tests follow single messages through Celery's own log lines.
+            env={"TASKS_LOG_MESSAGES": "1", **env, "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
