@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 
 from . import leases
 from .dispatch import Doorbell, ring_on_commit
@@ -29,7 +29,14 @@ from .exceptions import LEASE_EXPIRED
 from .leases import Claim
 from .models import Step, Task, TaskStatus
 from .signals import announce_on_commit
-from .sql import CLAIM_SQL, COMPLETE_SQL, INSERT_SQL, LOCK_TASKS_SQL
+from .sql import (
+    CLAIM_SQL,
+    COMPLETE_SQL,
+    INSERT_SQL,
+    LOCK_TASKS_SQL,
+    STEP_COLUMNS,
+    TASK_COLUMNS,
+)
 from .transitions import paused_filter, uses_sql
 
 if TYPE_CHECKING:
@@ -79,18 +86,44 @@ def claim_batch(
             prepare=True,
         )
         rows = cursor.fetchall()
-    return [
-        Claim(
-            step_id=pk,
-            task_id=task_id,
-            token=token,
-            attempt=attempts,
-            worker_id=worker_id,
-            lease_seconds=lease,
-            queue=step_queue,
+    claims = []
+    for row in rows:
+        step = _from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
+        step.task = _from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
+        claims.append(
+            Claim(
+                step_id=step.pk,
+                task_id=step.task_id,
+                token=step.fencing_token,
+                attempt=step.attempts,
+                worker_id=worker_id,
+                lease_seconds=lease,
+                queue=step.queue,
+                step=step,
+            )
         )
-        for pk, task_id, step_queue, attempts, token in rows
+    return claims
+
+
+def _from_row[M: models.Model](model: type[M], columns: Sequence[str], values: Sequence[Any]) -> M:
+    """A model instance from a row of ``columns`` read by hand, converted as the ORM would
+    (JSON columns arrive as text)."""
+    converted = [
+        convert(value, None, connection) if (convert := _CONVERTERS[model].get(name)) else value
+        for name, value in zip(columns, values, strict=True)
     ]
+    return model.from_db(connection.alias, list(columns), converted)
+
+
+# Per model, the columns whose field turns the database's value into Python's.
+_CONVERTERS: dict[type[models.Model], dict[str, Any]] = {
+    model: {
+        field.attname: field.from_db_value
+        for field in model._meta.concrete_fields
+        if hasattr(field, "from_db_value")
+    }
+    for model in (Step, Task)
+}
 
 
 def _claim_batch_one_by_one(
@@ -175,9 +208,12 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
         rows = cursor.fetchall()
         # A completion counts for the claim whose token holds the step, not for a stale
         # claim of the same step in the same call.
-        held = {(pk, int(token)) for what, pk, token in rows if what == "done"}
-        ring_on_commit([Doorbell(pk, queue) for what, pk, queue in rows if what == "next"])
-        announce_on_commit((pk, status) for what, pk, status in rows if what == "settled")
+        held = {(pk, int(token)) for what, pk, token, *_ in rows if what == "done"}
+        ring_on_commit([Doorbell(pk, queue) for what, pk, queue, *_ in rows if what == "next"])
+        settled = {
+            row[1]: _from_row(Task, TASK_COLUMNS, row[3:]) for row in rows if row[0] == "settled"
+        }
+        announce_on_commit(((pk, task.status) for pk, task in settled.items()), rows=settled)
     for claim, _ in unique:
         if (claim.step_id, claim.token) not in held:
             leases.reject_stale(claim, "complete")

@@ -6,7 +6,7 @@ is recorded as ``stale_write_rejected``."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +42,8 @@ class Claim:
     worker_id: str
     lease_seconds: int
     queue: str = "default"
+    # The step (with its task) as the claim left it, when the claim read it back anyway.
+    step: Step | None = field(default=None, compare=False, repr=False)
 
 
 def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None) -> Claim | None:

@@ -57,7 +57,9 @@ class Task(models.Model):
     # SHA-256 of workflow name + canonical payload at enqueue: the task's identity. It does
     # not change when a redrive edits the payload (the ``redriven`` event keeps both).
     payload_hash = models.CharField(max_length=64)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    # Unique where set (task_key_unique); tasks without one hold NULL, not "" (which would
+    # collide), and have no index entry for it.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     queue = models.CharField(max_length=64, default="default")
     priority = models.SmallIntegerField(default=0)
     status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.PENDING)
@@ -68,6 +70,7 @@ class Task(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,  # task_created_by_user_idx, where set
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -102,10 +105,30 @@ class Task(models.Model):
                 name="task_succeeded_idx",
                 condition=Q(status="succeeded"),
             ),
+            # The admin's search by key prefix. Like the two below it leaves out the rows
+            # whose column is empty: most tasks have no key and no user, and every update
+            # of a task that is not a heap-only update writes into each of its indexes.
+            models.Index(
+                fields=["idempotency_key"],
+                name="task_key_prefix_idx",
+                opclasses=["varchar_pattern_ops"],
+                condition=Q(idempotency_key__isnull=False),
+            ),
+            # Setting the user to NULL when the user is deleted.
+            models.Index(
+                fields=["created_by_user"],
+                name="task_created_by_user_idx",
+                condition=Q(created_by_user__isnull=False),
+            ),
             # On PostgreSQL a GIN index (jsonb_path_ops) on ``payload`` serves the task
             # list's payload filter by containment; migration 0005 makes it there only.
         ]
         constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                name="task_key_unique",
+                condition=Q(idempotency_key__isnull=False),
+            ),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100), name="task_priority_range"
             ),

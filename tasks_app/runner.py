@@ -164,7 +164,9 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
     """
     if not claims:
         return 0
-    rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
+    rows = {claim.step_id: claim.step for claim in claims if claim.step is not None}
+    if len(rows) < len(claims):
+        rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
     lease_keeper.watch(claims)
     succeeded: list[tuple[services.Claim, Any]] = []
     try:

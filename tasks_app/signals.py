@@ -4,7 +4,7 @@ for producers that want to hear how their tasks end."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -33,17 +33,22 @@ OUTCOMES: dict[str, Signal] = {
 }
 
 
-def announce_on_commit(changes: Iterable[tuple[int, str]]) -> None:
+def announce_on_commit(
+    changes: Iterable[tuple[int, str]], *, rows: Mapping[int, Task] | None = None
+) -> None:
     """Send the outcome signal of each ``(task id, new status)`` after the current
-    transaction commits. Callers pass only statuses that just changed."""
+    transaction commits. Callers pass only statuses that just changed, and the tasks as
+    this transaction leaves them in ``rows`` when they have them (the others are read
+    after the commit)."""
     outcomes = [(pk, status) for pk, status in changes if status in OUTCOMES]
     # The hot path pays nothing when nobody listens.
     if outcomes and any(OUTCOMES[status].has_listeners(Task) for _, status in outcomes):
-        transaction.on_commit(lambda: _announce(outcomes), robust=True)
+        transaction.on_commit(lambda: _announce(outcomes, rows or {}), robust=True)
 
 
-def _announce(outcomes: list[tuple[int, str]]) -> None:
-    tasks = Task.objects.in_bulk([pk for pk, _ in outcomes])
+def _announce(outcomes: list[tuple[int, str]], rows: Mapping[int, Task]) -> None:
+    missing = [pk for pk, _ in outcomes if pk not in rows]
+    tasks = {**rows, **(Task.objects.in_bulk(missing) if missing else {})}
     for pk, status in outcomes:
         task = tasks.get(pk)
         if task is None:

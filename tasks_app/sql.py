@@ -12,6 +12,31 @@ from .exceptions import LEASE_EXPIRED
 # "A step is due", as models.StepQuerySet.due says it, for the statements below.
 DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
 
+# The columns of a step and of a task in the order of the models' concrete fields
+# (tests/test_batch.py checks they match): a claim returns the rows it claimed, so the
+# worker runs them without reading them again.
+STEP_COLUMNS = (
+    "id", "task_id", "position", "revision", "kind", "status", "queue", "priority", "attempts",
+    "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
+    "dispatched_at", "result", "last_error", "error_class", "change_request", "started_at",
+    "finished_at",
+)  # fmt: skip
+TASK_COLUMNS = (
+    "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",
+    "priority", "status", "created_by", "created_by_user_id", "created_at", "updated_at",
+    "finished_at", "cancel_requested_at",
+)  # fmt: skip
+# The task as the claim leaves it (the `tasks` CTE's update is not visible to the final
+# SELECT of the same statement).
+_CLAIMED_TASK = {
+    "status": "'running'",
+    "updated_at": "CASE WHEN t.status <> 'running' THEN statement_timestamp() ELSE t.updated_at END",
+}
+_CLAIM_ROWS = ", ".join(
+    [f"c.{name}" for name in STEP_COLUMNS]
+    + [_CLAIMED_TASK.get(name, f"t.{name}") for name in TASK_COLUMNS]
+)
+
 # ORM twin: leases.claim_step (one step), batch._claim_batch_one_by_one (many). "Due" is
 # models.StepQuerySet.due, "not paused" is transitions.paused_filter, the event's steps
 # triple is transitions.step_state.
@@ -56,8 +81,7 @@ WITH target AS (
         lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
         started_at = statement_timestamp()
     WHERE s.id IN (SELECT id FROM picked)
-    RETURNING s.id, s.task_id, s.queue, s.attempts, s.fencing_token, s.lease_expires_at,
-              s.priority, s.available_at
+    RETURNING {", ".join(f"s.{name}" for name in STEP_COLUMNS)}
 ), leases AS (
     INSERT INTO tasks_app_lease (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
     SELECT id, fencing_token, %(worker)s, statement_timestamp(), lease_expires_at, NULL, ''
@@ -75,9 +99,10 @@ WITH target AS (
     UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
     FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
 )
-SELECT id, task_id, queue, attempts, fencing_token FROM claimed
-ORDER BY id = %(step)s DESC, priority DESC, available_at, id
-"""  # noqa: S608 (DUE and LEASE_EXPIRED are constants, not input)
+SELECT {_CLAIM_ROWS}
+FROM claimed c JOIN tasks_app_task t ON t.id = c.task_id
+ORDER BY c.id = %(step)s DESC, c.priority DESC, c.available_at, c.id
+"""  # noqa: S608 (DUE, LEASE_EXPIRED and the column names are constants, not input)
 
 
 # ORM twin: transitions.lock_task, for many tasks in id order.
@@ -91,7 +116,9 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 # One statement after the tasks are locked: fenced success for every step still held by
 # its token, leases released, the next step of each task made due (unless a cancel was
 # requested), task status settled, and one `succeeded` event per step (plus `cancelled`).
-COMPLETE_SQL = """
+# The task columns of a row that is not a settled task's (typed by the first branch).
+_NO_TASK = ", ".join(["NULL"] * len(TASK_COLUMNS))
+COMPLETE_SQL = f"""
 WITH input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[], %(actors)s::text[])
         AS i(id, token, result, actor)
@@ -121,7 +148,7 @@ WITH input AS (
         updated_at = statement_timestamp()
     FROM done LEFT JOIN nxt ON nxt.task_id = done.task_id
     WHERE t.id = done.task_id
-    RETURNING t.id, t.status
+    RETURNING {", ".join(f"t.{name}" for name in TASK_COLUMNS)}
 ), events AS (
     -- A task's `succeeded` comes before its `cancelled`: ids follow the ORDER BY.
     INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
@@ -133,7 +160,7 @@ WITH input AS (
                    'steps',
                    jsonb_build_object(
                        done.id::text, jsonb_build_array('succeeded', done.attempts, done.fencing_token)
-                   ) || CASE WHEN nxt.id IS NULL THEN '{}'::jsonb ELSE jsonb_build_object(
+                   ) || CASE WHEN nxt.id IS NULL THEN '{{}}'::jsonb ELSE jsonb_build_object(
                        nxt.id::text, jsonb_build_array('pending', nxt.attempts, nxt.fencing_token)
                    ) END,
                    'token', done.fencing_token, 'task_status', settled.status
@@ -143,17 +170,18 @@ WITH input AS (
              LEFT JOIN nxt ON nxt.task_id = done.task_id
         UNION ALL
         SELECT settled.id, NULL, 'cancelled', 'system', 'cancel requested while the step ran', 1,
-               '{}'::jsonb
+               '{{}}'::jsonb
         FROM settled WHERE settled.status = 'cancelled'
     ) AS e
     ORDER BY task_id, ord
 )
-SELECT 'done', id, fencing_token::text FROM done
+SELECT 'settled', id, status, {", ".join(TASK_COLUMNS)}
+FROM settled WHERE status IN ('succeeded', 'cancelled')
 UNION ALL
-SELECT 'next', id, queue FROM nxt
+SELECT 'done', id, fencing_token::text, {_NO_TASK} FROM done
 UNION ALL
-SELECT 'settled', id, status FROM settled WHERE status IN ('succeeded', 'cancelled')
-"""
+SELECT 'next', id, queue, {_NO_TASK} FROM nxt
+"""  # noqa: S608 (the column names are constants, not input)
 
 
 # ORM twin: enqueueing._insert_with_orm. Step keys are models.step_key's.
@@ -179,7 +207,7 @@ WITH input AS (
     SELECT id, workflow, version, payload, hash, key, queue, priority, 'pending', %(author)s, %(user)s,
            statement_timestamp(), statement_timestamp(), NULL, NULL
     FROM input ORDER BY key, ord
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, created_at
 ), steps AS (
     INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, priority, attempts,

@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from tasks_app import batch, runner, services
+from tasks_app import batch, runner, services, sql
 from tasks_app.exceptions import LEASE_EXPIRED, InvalidTransition
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.services import Claim
@@ -40,6 +40,10 @@ GATE = "test.batch.gate"
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def field_values(row: Step | Task) -> dict[str, Any]:
+    return {field.attname: getattr(row, field.attname) for field in type(row)._meta.concrete_fields}
 
 
 def kinds(task: Task) -> list[str]:
@@ -1262,3 +1266,31 @@ def test_a_renewal_racing_the_batchs_own_completion_is_not_recorded_as_a_stale_w
     assert not errors
     assert fresh(step).status == StepStatus.SUCCEEDED
     assert kinds(step.task) == ["enqueued", "claimed", "succeeded"]
+
+
+def test_the_claim_statement_names_every_column_of_a_step_and_a_task_in_field_order() -> None:
+    assert tuple(f.attname for f in Step._meta.concrete_fields) == sql.STEP_COLUMNS
+    assert tuple(f.attname for f in Task._meta.concrete_fields) == sql.TASK_COLUMNS
+
+
+@pytest.mark.django_db
+def test_a_claim_returns_its_steps_and_tasks_as_the_database_holds_them_after_it() -> None:
+    """The worker runs the rows the claim returned without reading them again, so they
+    must be what a read after the claim gives: raised token, running, the task running."""
+    results = services.enqueue_many(
+        [
+            {"workflow": "demo.noop", "payload": {"n": n, "deep": {"x": [n]}}, "priority": n}
+            for n in range(3)
+        ]
+    )
+    claims = batch.claim_batch(worker_id=WORKER, limit=10, queue="default")
+    assert len(claims) == 3
+    for claim in claims:
+        assert claim.step is not None
+        stored = Step.objects.select_related("task").get(pk=claim.step_id)
+        assert field_values(claim.step) == field_values(stored)
+        assert field_values(claim.step.task) == field_values(stored.task)
+        assert claim.step.status == StepStatus.RUNNING
+        assert claim.step.task.status == TaskStatus.RUNNING
+        assert (claim.token, claim.attempt) == (stored.fencing_token, stored.attempts)
+    assert {claim.task_id for claim in claims} == {result.task.pk for result in results}

@@ -58,6 +58,36 @@ def test_successes_recorded_in_a_batch_are_announced_too(
     assert sorted(heard) == [("succeeded", task.pk, TaskStatus.SUCCEEDED) for task in tasks]
 
 
+def test_a_batch_announces_each_task_as_the_database_holds_it(
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    """The batch builds the announced tasks from the rows its statement returned; they
+    carry every field as a read after the commit gives it."""
+    sent: list[Task] = []
+
+    def receive(sender: Any, *, task: Task, **kwargs: Any) -> None:
+        sent.append(task)
+
+    task_succeeded.connect(receive, sender=Task)
+    try:
+        for n in range(3):
+            services.enqueue(
+                "demo.noop", {"n": n, "deep": {"list": [n, None]}}, idempotency_key=f"k{n}"
+            )
+        with django_capture_on_commit_callbacks(execute=True):
+            runner.run_batch(batch.claim_batch(worker_id="w", limit=10, queue="default"))
+    finally:
+        task_succeeded.disconnect(receive, sender=Task)
+    assert len(sent) == 3
+    for task in sent:
+        stored = Task.objects.get(pk=task.pk)
+        fields = [field.attname for field in Task._meta.concrete_fields]
+        assert {name: getattr(task, name) for name in fields} == {
+            name: getattr(stored, name) for name in fields
+        }
+        assert task.payload["deep"] == {"list": [task.payload["n"], None]}
+
+
 def test_each_death_is_an_outcome_of_its_own_and_a_cancel_another(
     heard: list[tuple[str, int, str]], django_capture_on_commit_callbacks: Capture
 ) -> None:
