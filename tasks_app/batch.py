@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -108,22 +109,20 @@ def claim_batch(
 def _from_row[M: models.Model](model: type[M], columns: Sequence[str], values: Sequence[Any]) -> M:
     """A model instance from a row of ``columns`` read by hand, converted as the ORM would
     (JSON columns arrive as text)."""
-    converted = [
-        convert(value, None, connection) if (convert := _CONVERTERS[model].get(name)) else value
-        for name, value in zip(columns, values, strict=True)
-    ]
+    converted = list(values)
+    for index, convert in _converters(model, tuple(columns)):
+        converted[index] = convert(converted[index], None, connection)
     return model.from_db(connection.alias, list(columns), converted)
 
 
-# Per model, the columns whose field turns the database's value into Python's.
-_CONVERTERS: dict[type[models.Model], dict[str, Any]] = {
-    model: {
-        field.attname: field.from_db_value
-        for field in model._meta.concrete_fields
-        if hasattr(field, "from_db_value")
-    }
-    for model in (Step, Task)
-}
+@cache
+def _converters(model: type[models.Model], columns: tuple[str, ...]) -> list[tuple[int, Any]]:
+    """Where in a row of ``columns`` a field turns the database's value into Python's."""
+    fields = {field.attname: field for field in model._meta.concrete_fields}
+    found = [
+        (index, getattr(fields[name], "from_db_value", None)) for index, name in enumerate(columns)
+    ]
+    return [(index, convert) for index, convert in found if convert is not None]
 
 
 def _claim_batch_one_by_one(

@@ -241,14 +241,11 @@ class Lease(models.Model):
 
     class Meta:
         ordering = ["step_id", "token"]
+        # Only the (step, token) constraint and the key: renewing and releasing a lease
+        # change no indexed column, so on PostgreSQL they are heap-only updates, kept in
+        # the row's page by the table's fillfactor (migration 0007).
         constraints = [
             models.UniqueConstraint(fields=["step", "token"], name="lease_step_token"),
-        ]
-        indexes = [
-            # Live leases (the dashboard's "running now" and the heartbeat's renewal).
-            models.Index(
-                fields=["expires_at"], name="lease_live_idx", condition=Q(released_at=None)
-            ),
         ]
 
     def __str__(self) -> str:
