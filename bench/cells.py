@@ -19,6 +19,7 @@ from typing import Any
 
 from . import report
 from .common import ROOT, wait_for
+from .procs import ProcessGroup, cpu_seconds, cpu_used, named
 from .server_stats import CountingConnection, ServerStats
 from .systems import Ctx, Progress, System
 
@@ -150,6 +151,7 @@ class Bench:
             group.wait_ready(system.expected_ready(workers), timeout=90)
             out["worker_boot_s"] = time.monotonic() - booting
             observer = CountingConnection.connect(ctx.dsn, autocommit=True, connect_timeout=10)
+            cpu_before = self._cpu(system, group)
             released = system.release(group)
             deadline = released + mode.drain_timeout
             progress = Progress(0, 0)
@@ -164,6 +166,7 @@ class Bench:
                     raise RuntimeError(f"a worker exited during the drain\n{group.tail()}")
                 time.sleep(system.poll_interval)
             observed_end = time.time()
+            cpu_after = self._cpu(system, group)
             end = system.last_completion(observer) if not out.get("capped") else None
             first = system.first_start(observer)
             memory = system.memory(group)
@@ -184,6 +187,12 @@ class Bench:
         wal = stats.wal_bytes(before["lsn"], after["lsn"])
         own_wal = stats.own_wal_bytes(ctx.dsn, before["lsn"], after["lsn"])
         executing = memory["executing"]
+        cpu = {
+            side: cpu_used(cpu_before[side], cpu_after[side]) / done if done else None
+            for side in ("database", "workers")
+        }
+        if not cpu_before["database"]:
+            cpu["database"] = None  # the server is not on this machine
         out.update(
             {
                 "done": done,
@@ -205,6 +214,10 @@ class Bench:
                 "rss_mib": _median_mib(executing, "rss"),
                 "pss_mib": _median_mib(executing, "pss"),
                 "uss_mib": _median_mib(executing, "uss"),
+                # CPU per executed step, in microseconds: the PostgreSQL server's processes
+                # on this machine (the harness's progress polls among them) and the workers'
+                "db_cpu_us_per_step": cpu["database"] * 1e6 if cpu["database"] else None,
+                "worker_cpu_us_per_step": cpu["workers"] * 1e6 if cpu["workers"] else None,
             }
         )
         if progress.failed:
@@ -213,6 +226,14 @@ class Bench:
             out["worker_log_tail"] = group.tail(15)[-3000:]
         system.reset()
         return out
+
+    @staticmethod
+    def _cpu(system: System, group: ProcessGroup) -> dict[str, dict[int, float]]:
+        workers = [*group.pids, *system.executing_pids(group)]
+        return {
+            "database": cpu_seconds(named("postgres")),
+            "workers": cpu_seconds(sorted(set(workers))),
+        }
 
     # 3. enqueue -> start latency under an open-loop producer
 

@@ -148,3 +148,36 @@ def memory_kib(pid: int) -> dict[str, int]:
                 private += int(parts[1])
         out["uss"] = private
     return out
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User plus system CPU time of each of ``pids`` still running, in seconds."""
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        out[pid] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+    return out
+
+
+def named(name: str) -> list[int]:
+    """Processes whose command is ``name`` (a PostgreSQL server on this machine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() == name:
+                    found.append(int(entry.name))
+    return found
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two readings by the processes of the second (a process
+    started in between counts from zero)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())

@@ -140,6 +140,21 @@ def metrics(mode: dict[str, Any]) -> list[Metric]:
             _int,
             frozenset({"celery"}),
         ),
+        Metric(
+            "db_cpu_per_step",
+            "PostgreSQL server CPU per executed step (2 workers)",
+            "µs",
+            False,
+            _int,
+            frozenset({"celery"}),
+        ),
+        Metric(
+            "worker_cpu_per_step",
+            "workers' CPU per executed step (2 workers)",
+            "µs",
+            False,
+            _int,
+        ),
         Metric("rss_mib", "RSS per task-running process (2 workers)", "MiB", False, _one),
         Metric("pss_mib", "PSS per task-running process (2 workers)", "MiB", False, _one),
     ]
@@ -168,6 +183,8 @@ def collect(cells: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[float]]
                 add("commits_per_step", system, cell.get("commits_per_step"))
                 add("wal_per_step", system, cell.get("wal_bytes_per_step"))
                 add("own_wal_per_step", system, cell.get("own_wal_bytes_per_step"))
+                add("db_cpu_per_step", system, cell.get("db_cpu_us_per_step"))
+                add("worker_cpu_per_step", system, cell.get("worker_cpu_us_per_step"))
                 add("rss_mib", system, cell.get("rss_mib"))
                 add("pss_mib", system, cell.get("pss_mib"))
         elif cell["cell"] == "console":
