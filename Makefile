@@ -20,7 +20,7 @@ help:
 	@echo "make test-fast  the same without the worker-process and browser tests (e2e, browser)"
 	@echo "make chaos  the fault drills: workers, Redis and PostgreSQL killed and restarted"
 	@echo "make lint   ruff and mypy"
-	@echo "make bench  the full benchmark (under 30 min); make bench-quick: every cell, small N"
+	@echo "make bench  the full benchmark (about 35 min); make bench-quick: every cell, small N"
 
 $(PY):
 	@python=$$(scripts/find-python.sh) && echo "Using $$python" && "$$python" -m venv $(VENV)

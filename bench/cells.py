@@ -51,7 +51,7 @@ MODES = {
         console_sizes=(2_000, 20_000), console_gets=20, console_warmup=5,
     ),
     "full": Mode(
-        "full", 3, 5_000, 50_000, 1_000, 10_000, (1, 2, 4), (50, 200, 500), 6.0, 4, 100, 27 * 60,
+        "full", 3, 5_000, 50_000, 1_000, 10_000, (1, 2, 4), (50, 200, 500), 6.0, 4, 100, 40 * 60,
         console_sizes=(10_000, 1_000_000), console_gets=20, console_warmup=5,
     ),
 }  # fmt: skip
