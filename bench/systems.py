@@ -8,8 +8,6 @@ workers' and the harness's ``time.time()`` all read the same clock.
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,6 +16,7 @@ from typing import Any, ClassVar
 
 import psycopg
 import redis
+from honcho.environ import parse_procfile
 
 from .common import (
     ENV_DSN,
@@ -292,28 +291,22 @@ class UsProcfile(Us):
         group = self.ctx.new_group(f"{self.key}-c{n}")
         env = {k: v for k, v in self.ctx.env.items() if k not in PRODUCTION_LOG_SETTINGS}
         env[ENV_READY_DIR] = str(group.ready_dir)
+        # `celery` in the line is the one installed beside this interpreter.
+        env["PATH"] = f"{Path(self.ctx.celery).parent}{os.pathsep}{env.get('PATH', '')}"
         node = f"bench-{self.key}-{os.getpid()}-{group.folder.name}@%h"
-        argv = procfile_command("worker", env)
-        if argv[0] != "celery":
-            raise RuntimeError(f"the Procfile's worker line does not start celery: {argv}")
-        argv = [self.ctx.celery, *argv[1:], "-c", str(n), "-n", node, *self.extra_args]
-        group.spawn(argv, env)
+        command = parse_procfile((ROOT / "Procfile").read_text()).processes["worker"]
+        # Through a shell, as a Procfile runner starts it (the shell expands the line's
+        # ${VAR:-default}); exec keeps the worker the group's leader, and "$@" appends the
+        # cell's concurrency, the node name and the ready hook.
+        group.spawn(
+            ["sh", "-c", f'exec {command} "$@"', "sh", "-c", str(n), "-n", node, *self.extra_args],
+            env,
+        )
         return group
 
 
 # Settings the harness sets for quiet workers; the Procfile's worker runs without them.
 PRODUCTION_LOG_SETTINGS = {"TASKS_LOG_LEVEL", "TASKS_LOG_MESSAGES"}
-_DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
-
-
-def procfile_command(name: str, env: dict[str, str]) -> list[str]:
-    """The Procfile's ``name`` line as argv, its ``${VAR:-default}`` read from ``env``."""
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        process, _, command = line.partition(":")
-        if process.strip() == name:
-            expanded = _DEFAULTED.sub(lambda m: env.get(m[1]) or m[2], command)
-            return shlex.split(expanded)
-    raise RuntimeError(f"the Procfile has no {name!r} line")
 
 
 class PlainCelery(_CeleryBased):

@@ -94,18 +94,7 @@ def claim_batch(
     for row in rows:
         step = _from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
         step.task = _from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
-        claims.append(
-            Claim(
-                step_id=step.pk,
-                task_id=step.task_id,
-                token=step.fencing_token,
-                attempt=step.attempts,
-                worker_id=worker_id,
-                lease_seconds=lease,
-                queue=step.queue,
-                step=step,
-            )
-        )
+        claims.append(Claim.of(step, worker_id=worker_id, lease_seconds=lease, keep=True))
     return claims
 
 

@@ -45,6 +45,21 @@ class Claim:
     # The step (with its task) as the claim left it, when the claim read it back anyway.
     step: Step | None = field(default=None, compare=False, repr=False)
 
+    @classmethod
+    def of(cls, step: Step, *, worker_id: str, lease_seconds: int, keep: bool = False) -> Claim:
+        """The claim just taken on ``step`` (its raised token and attempt); ``keep`` holds
+        on to the step itself, when it is the row as the claim left it."""
+        return cls(
+            step_id=step.pk,
+            task_id=step.task_id,
+            token=step.fencing_token,
+            attempt=step.attempts,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            queue=step.queue,
+            step=step if keep else None,
+        )
+
 
 def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None) -> Claim | None:
     """Claim one step if it is pending, due by the database's clock, and its queue runs.
@@ -101,15 +116,7 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
             attempt=step.attempts,
             lease_seconds=lease,
         )
-    return Claim(
-        step_id=step.pk,
-        task_id=task.pk,
-        token=step.fencing_token,
-        attempt=step.attempts,
-        worker_id=worker_id,
-        lease_seconds=lease,
-        queue=step.queue,
-    )
+    return Claim.of(step, worker_id=worker_id, lease_seconds=lease)
 
 
 def _held_step(claim: Claim) -> Step | None:

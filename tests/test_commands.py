@@ -602,3 +602,14 @@ def test_from_a_shell_bad_input_exits_2_with_one_line_and_no_traceback(
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.django_db
+def test_the_migrations_describe_the_models_as_they_are() -> None:
+    """Indexes and constraints are part of the guarantees (the unique idempotency key, the
+    due-step index): a model change without its migration fails here, not in production."""
+    out = StringIO()
+    try:
+        call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
+    except SystemExit as exc:
+        raise AssertionError("models changed without a migration:\n" + out.getvalue()) from exc

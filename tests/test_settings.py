@@ -7,18 +7,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from honcho.environ import parse_procfile
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def clean_env(**env: str) -> dict[str, str]:
+    """This process's environment without its Django and task settings, plus ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TASKS_"))}
+    return {**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env}
 
 
 def load_settings(code: str = "print('ok')", **env: str) -> subprocess.CompletedProcess[str]:
     """Set Django up in a fresh interpreter with ``env``, then run ``code``. An empty value
     unsets a variable (``DATABASE_URL=""`` is the embedded database)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TASKS_"))}
     return subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {code}"],
         cwd=ROOT,
-        env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
+        env=clean_env(**env),
         capture_output=True,
         text=True,
         timeout=60,
@@ -226,34 +232,26 @@ def test_beat_makes_the_folder_of_its_schedule_file_itself(tmp_path: Path) -> No
     assert list(schedule.parent.glob("celerybeat-schedule*"))
 
 
-def procfile_line(name: str) -> str:
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        process, _, command = line.partition(":")
-        if process.strip() == name:
-            return command.strip()
-    raise AssertionError(f"the Procfile has no {name!r} line")
-
-
 def test_the_release_line_leaves_what_a_production_web_process_serves(tmp_path: Path) -> None:
     """The Procfile's release line, run as written with production settings, applies the
     migrations and collects the hashed static files the pages link: without them the admin
     login answers 500 (no manifest entry for its stylesheet)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TASKS_"))}
-    env = {
-        **clean,
+    production = {
         **PRODUCTION,
-        "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": "",
         "REDIS_URL": "",
         "TASKS_VAR_DIR": str(tmp_path / "var"),
         "DJANGO_STATIC_ROOT": str(tmp_path / "static"),
-        # `python` in the line is this interpreter, as it is the deployment's.
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     release = subprocess.run(
-        ["sh", "-c", procfile_line("release")],
+        # Through a shell, as a Procfile runner starts it.
+        ["sh", "-c", parse_procfile((ROOT / "Procfile").read_text()).processes["release"]],
         cwd=ROOT,
-        env=env,
+        # `python` in the line is this interpreter, as it is the deployment's.
+        env=clean_env(
+            **production,
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        ),
         capture_output=True,
         text=True,
         timeout=180,
@@ -262,22 +260,12 @@ def test_the_release_line_leaves_what_a_production_web_process_serves(tmp_path: 
     assert release.returncode == 0, release.stderr
     assert (tmp_path / "static" / "staticfiles.json").exists()
 
-    pages = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import django; django.setup()\n"
-            "from django.test import Client\n"
-            "client = Client(HTTP_HOST='example.com', raise_request_exception=False)\n"
-            "for path in ('/admin/login/', '/accounts/login/'):\n"
-            "    print(path, client.get(path, secure=True).status_code)\n",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    pages = load_settings(
+        "from django.test import Client; "
+        "client = Client(HTTP_HOST='example.com', raise_request_exception=False); "
+        "print(*(f'{path} {client.get(path, secure=True).status_code}' "
+        "for path in ('/admin/login/', '/accounts/login/')))",
+        **production,
     )
     assert pages.returncode == 0, pages.stderr
     assert pages.stdout.split() == ["/admin/login/", "200", "/accounts/login/", "200"], (
