@@ -11,6 +11,8 @@ PORT ?= 8000
 # its own PORT, so the workers are told the web server's address explicitly.
 demo run: export PUBLISH_URL ?= http://$(HOST):$(PORT)/fake/publish/
 demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
+# Served by the demo even when DATABASE_URL points it at PostgreSQL.
+demo run: export TASKS_FAKE_REMOTES ?= 1
 
 .PHONY: help install run migrate demo test test-fast chaos lint format clean bench bench-quick
 

@@ -24,21 +24,25 @@ from tasks_app.exceptions import EffectNotApplied, OutcomeUnknown, RemoteRefused
 
 
 def post_json(
-    url: str, body: dict[str, Any], *, idempotency_key: str, honours_key: bool
+    url: str, body: dict[str, Any], *, idempotency_key: str, honours_key: bool, token: str = ""
 ) -> dict[str, Any]:
-    """POST ``body`` as JSON with an ``Idempotency-Key`` header; return the JSON answer."""
+    """POST ``body`` as JSON with an ``Idempotency-Key`` header (and ``token`` as a bearer
+    token when given); return the JSON answer."""
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise RemoteRefused(f"{url!r} is not an http(s) URL")
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "Idempotency-Key": idempotency_key,
+    }
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     # The scheme is checked above: urllib's file: and custom handlers are never reached.
     request = urllib.request.Request(  # noqa: S310
         url,
         data=json.dumps(body, ensure_ascii=False).encode(),
         method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "Idempotency-Key": idempotency_key,
-        },
+        headers=headers,
     )
     try:
         with urllib.request.urlopen(  # noqa: S310

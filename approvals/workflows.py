@@ -98,6 +98,7 @@ def publish(ctx: StepContext) -> dict[str, Any]:
             },
             idempotency_key=key,
             honours_key=True,
+            token=settings.PUBLISH_TOKEN,
         ),
         idempotent_remote=True,
     )
@@ -179,6 +180,7 @@ def send(ctx: StepContext) -> dict[str, Any]:
             {"to": draft["to"], "subject": draft["subject"], "body": draft["body"]},
             idempotency_key=key,
             honours_key=False,
+            token=settings.MAIL_TOKEN,
         ),
         idempotent_remote=False,
     )
@@ -242,12 +244,20 @@ def deliver(ctx: StepContext) -> dict[str, Any]:
     then finds the write done and the step not)."""
     name = ctx.payload["remote"]
     honours_key = DELIVERY_REMOTES[name]
-    url = settings.PUBLISH_URL if name == "publish" else settings.MAIL_URL
+    url, token = (
+        (settings.PUBLISH_URL, settings.PUBLISH_TOKEN)
+        if name == "publish"
+        else (settings.MAIL_URL, settings.MAIL_TOKEN)
+    )
     pause(ctx, float(ctx.payload.get("sleep", 0)))
     answer = ctx.effects.run(
         "deliver",
         lambda key: remote.post_json(
-            url, {"task": ctx.task_id}, idempotency_key=key, honours_key=honours_key
+            url,
+            {"task": ctx.task_id},
+            idempotency_key=key,
+            honours_key=honours_key,
+            token=token,
         ),
         idempotent_remote=honours_key,
     )

@@ -290,16 +290,22 @@ class UsProcfile(Us):
     def start_workers(self, n: int, *, barrier: bool) -> ProcessGroup:
         group = self.ctx.new_group(f"{self.key}-c{n}")
         env = {k: v for k, v in self.ctx.env.items() if k not in PRODUCTION_LOG_SETTINGS}
+        # The line runs in production mode, which needs what a deployment gives it.
+        env.update(PRODUCTION_ENV)
         env[ENV_READY_DIR] = str(group.ready_dir)
         # `celery` in the line is the one installed beside this interpreter.
         env["PATH"] = f"{Path(self.ctx.celery).parent}{os.pathsep}{env.get('PATH', '')}"
         node = f"bench-{self.key}-{os.getpid()}-{group.folder.name}@%h"
         command = parse_procfile((ROOT / "Procfile").read_text()).processes["worker"]
         # Through a shell, as a Procfile runner starts it (the shell expands the line's
-        # ${VAR:-default}); exec keeps the worker the group's leader, and "$@" appends the
-        # cell's concurrency, the node name and the ready hook.
+        # ${VAR:-default}); exec env (the line starts with a variable's assignment) keeps the
+        # worker the group's leader, and "$@" appends the cell's concurrency, the node name
+        # and the ready hook.
         group.spawn(
-            ["sh", "-c", f'exec {command} "$@"', "sh", "-c", str(n), "-n", node, *self.extra_args],
+            [
+                *("sh", "-c", f'exec env {command} "$@"', "sh"),
+                *("-c", str(n), "-n", node, *self.extra_args),
+            ],
             env,
         )
         return group
@@ -307,6 +313,14 @@ class UsProcfile(Us):
 
 # Settings the harness sets for quiet workers; the Procfile's worker runs without them.
 PRODUCTION_LOG_SETTINGS = {"TASKS_LOG_LEVEL", "TASKS_LOG_MESSAGES"}
+# What production mode (on in every Procfile line) needs to start; the bench's steps call
+# no remote.
+PRODUCTION_ENV = {
+    "DJANGO_SECRET_KEY": "bench-" + "x" * 60,
+    "DJANGO_ALLOWED_HOSTS": "bench.invalid",
+    "PUBLISH_URL": "https://publish.invalid/",
+    "MAIL_URL": "https://mail.invalid/",
+}
 
 
 class PlainCelery(_CeleryBased):

@@ -6,8 +6,11 @@ service.
 applied. The publishing fake honours the ``Idempotency-Key`` header (a repeated key
 returns the first answer and applies nothing); the mail fake does not (every request
 sends a mail). The project serves both under ``/fake/`` (``config/fake_urls.py``) when
-``TASKS_FAKE_REMOTES`` is on, the default outside production, which refuses them; the
-tests serve them on loopback ports (``tests/remotes.py``).
+``TASKS_FAKE_REMOTES`` is on, the default only in the embedded demo; production refuses
+them. Served, they take writes only with ``FAKE_REMOTES_TOKEN`` as a bearer token (the
+demo's workers send it as ``PUBLISH_TOKEN`` / ``MAIL_TOKEN``), and show what they applied
+only to a logged-in user. The tests also serve them on loopback ports
+(``tests/remotes.py``).
 
 They live with the project's wiring, not in an app: they are part of the demo, not of
 the approvals app whose workflows call them.
@@ -21,8 +24,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.crypto import constant_time_compare
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
@@ -66,8 +71,26 @@ publishing = FakeRemote("publish", honours_idempotency_key=True)
 mail = FakeRemote("mail", honours_idempotency_key=False)
 
 
+def _has_token(request: HttpRequest) -> bool:
+    token = settings.FAKE_REMOTES_TOKEN
+    given = request.headers.get("Authorization", "")
+    return bool(token) and constant_time_compare(given, f"Bearer {token}")
+
+
 def _serve(remote: FakeRemote, request: HttpRequest) -> HttpResponse:
-    if request.method == "GET":
+    reading = request.method == "GET"
+    if not (_has_token(request) or (reading and request.user.is_authenticated)):
+        refusal = JsonResponse(
+            {
+                "error": "log in to read what this fake applied"
+                if reading
+                else "a write needs the fake remotes' bearer token"
+            },
+            status=401,
+        )
+        refusal["WWW-Authenticate"] = 'Bearer realm="fake remotes"'
+        return refusal
+    if reading:
         # What the fake did, for a person checking the demo.
         return JsonResponse({"name": remote.name, "applied": remote.applied[-50:]})
     try:
@@ -78,7 +101,8 @@ def _serve(remote: FakeRemote, request: HttpRequest) -> HttpResponse:
     return JsonResponse(answer, status=status)
 
 
-# Workers call these without a session, as they would a remote service.
+# Workers call these with a token instead of a session, as they would a remote service
+# (so no CSRF: a browser's session alone can only read).
 @login_not_required
 @csrf_exempt
 @require_http_methods(["GET", "POST"])

@@ -8,6 +8,7 @@ remotes of the shipped workflows.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -72,6 +73,8 @@ def is_fake_remote(url: str) -> bool:
     return path == "/fake" or path.startswith("/fake/")
 
 
+# The Procfile's processes run in production mode unless told otherwise
+# (DJANGO_PRODUCTION=0); `make run` and the tests run without it.
 PRODUCTION = env_bool("DJANGO_PRODUCTION")
 DEBUG = env_bool("DJANGO_DEBUG", default=not PRODUCTION)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY")
@@ -81,6 +84,11 @@ if PRODUCTION:
         raise ImproperlyConfigured("DJANGO_PRODUCTION is set: DJANGO_SECRET_KEY is required")
     if not ALLOWED_HOSTS:
         raise ImproperlyConfigured("DJANGO_PRODUCTION is set: DJANGO_ALLOWED_HOSTS is required")
+    if DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_PRODUCTION is set: DJANGO_DEBUG must be off (debug pages show settings "
+            "and stack frames to anyone)"
+        )
 elif not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-not-for-production"  # noqa: S105
 
@@ -270,13 +278,29 @@ TASKS_PUBLISH_WAIT_MS = env_int("TASKS_PUBLISH_WAIT_MS", 250, minimum=0)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
 # The remotes of publish_article (PUBLISH_URL) and ticket_reply (MAIL_URL), the approvals
-# app's workflows. Outside production they default to the fakes this app serves itself
-# under /fake/ (config/fakes.py; `make run` sets them for the port it serves on).
+# app's workflows. While TASKS_FAKE_REMOTES is on they default to the fakes this app
+# serves itself under /fake/ (config/fakes.py; `make run` sets them for the port it serves
+# on); it is on by default only in the embedded demo (no DATABASE_URL, not production).
 # Production serves no fakes and needs both remotes, real ones, when those workflows are
 # installed: a missing or fake remote would only show as dead letters after a review.
-TASKS_FAKE_REMOTES = env_bool("TASKS_FAKE_REMOTES", default=not PRODUCTION)
-PUBLISH_URL = env_url("PUBLISH_URL", "" if PRODUCTION else "http://127.0.0.1:8000/fake/publish/")
-MAIL_URL = env_url("MAIL_URL", "" if PRODUCTION else "http://127.0.0.1:8000/fake/mail/")
+TASKS_FAKE_REMOTES = env_bool("TASKS_FAKE_REMOTES", default=not PRODUCTION and not DATABASE_URL)
+PUBLISH_URL = env_url(
+    "PUBLISH_URL", "http://127.0.0.1:8000/fake/publish/" if TASKS_FAKE_REMOTES else ""
+)
+MAIL_URL = env_url("MAIL_URL", "http://127.0.0.1:8000/fake/mail/" if TASKS_FAKE_REMOTES else "")
+# Credentials for the remotes, sent as "Authorization: Bearer <token>" when set.
+PUBLISH_TOKEN = env_str("PUBLISH_TOKEN")
+MAIL_TOKEN = env_str("MAIL_TOKEN")
+# The fakes take writes only with this token (derived from the secret key, so the demo's
+# web and worker processes agree on it); a logged-in user may read what they applied.
+FAKE_REMOTES_TOKEN = (
+    hashlib.sha256(f"fake-remotes:{SECRET_KEY}".encode()).hexdigest() if TASKS_FAKE_REMOTES else ""
+)
+if FAKE_REMOTES_TOKEN:
+    if is_fake_remote(PUBLISH_URL) and not PUBLISH_TOKEN:
+        PUBLISH_TOKEN = FAKE_REMOTES_TOKEN
+    if is_fake_remote(MAIL_URL) and not MAIL_TOKEN:
+        MAIL_TOKEN = FAKE_REMOTES_TOKEN
 if PRODUCTION:
     if TASKS_FAKE_REMOTES:
         raise ImproperlyConfigured(

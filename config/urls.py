@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 
 from console import views as console_views
 
-urlpatterns = [
+urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("accounts/login/", console_views.login, name="login"),
     path("accounts/", include("django.contrib.auth.urls")),

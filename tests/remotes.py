@@ -23,6 +23,8 @@ HOLD_SECONDS = 30.0
 class LoopbackRemote:
     def __init__(self, name: str, *, honours_idempotency_key: bool) -> None:
         self.fake = FakeRemote(name, honours_idempotency_key=honours_idempotency_key)
+        # The Authorization header of every request, in order (None when absent).
+        self.authorizations: list[str | None] = []
         self._holds = 0
         self._lock = threading.Lock()
         self._release = threading.Event()
@@ -69,6 +71,7 @@ class LoopbackRemote:
                     body = json.loads(self.rfile.read(length) or b"null")
                 except ValueError:
                     body = None
+                remote.authorizations.append(self.headers.get("Authorization"))
                 status, answer = remote.fake.handle(body, self.headers.get("Idempotency-Key"))
                 if remote._take_hold():
                     remote._release.wait(HOLD_SECONDS)

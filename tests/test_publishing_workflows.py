@@ -240,6 +240,19 @@ def test_a_ticket_reply_sends_the_approved_draft_once(
     assert "Acme Corp" in draft["body"] and TICKET["message"] in draft["body"]
 
 
+def test_the_remotes_are_sent_their_tokens_and_no_token_when_none_is_set(
+    db: None, editor: User, remotes: Remotes, settings: Any
+) -> None:
+    publishing, mail = remotes
+    settings.PUBLISH_TOKEN, settings.MAIL_TOKEN = "publish-secret", ""
+
+    advance(_approved(article(), editor))
+    advance(_approved(ticket(), editor))
+
+    assert publishing.authorizations == ["Bearer publish-secret"]
+    assert mail.authorizations == [None]
+
+
 # --- payloads -------------------------------------------------------------------------------------
 
 
@@ -269,8 +282,15 @@ def test_a_bad_payload_is_refused_naming_the_field_and_nothing_is_stored(
 # --- the fakes the app serves for `make run` -----------------------------------------------
 
 
+FAKES_TOKEN = "t" * 64
+
+
 @pytest.fixture
-def served_fakes() -> Any:
+def served_fakes(settings: Any) -> Any:
+    """The fakes served as `make run` serves them (the test settings run on PostgreSQL,
+    where they are off by default), with a known token."""
+    settings.ROOT_URLCONF = "tests.fake_served_urls"
+    settings.FAKE_REMOTES_TOKEN = FAKES_TOKEN
     fakes.publishing.reset()
     fakes.mail.reset()
     yield fakes.publishing, fakes.mail
@@ -278,13 +298,16 @@ def served_fakes() -> Any:
     fakes.mail.reset()
 
 
-def _post(client: Client, url: str, body: Any, key: str) -> Any:
-    return client.post(
-        url, json.dumps(body), content_type="application/json", headers={"Idempotency-Key": key}
-    )
+def _post(client: Client, url: str, body: Any, key: str, token: str | None = FAKES_TOKEN) -> Any:
+    headers = {"Idempotency-Key": key}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return client.post(url, json.dumps(body), content_type="application/json", headers=headers)
 
 
-def test_the_served_publishing_fake_applies_a_key_once(client: Client, served_fakes: Any) -> None:
+def test_the_served_publishing_fake_applies_a_key_once(
+    client: Client, admin_user: Any, served_fakes: Any
+) -> None:
     publishing, _ = served_fakes
     first = _post(client, "/fake/publish/", {"title": "a"}, "k-1")
     again = _post(client, "/fake/publish/", {"title": "a"}, "k-1")
@@ -292,6 +315,7 @@ def test_the_served_publishing_fake_applies_a_key_once(client: Client, served_fa
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json() == {**first.json(), "replayed": True}
     assert len(publishing.applied) == 1
+    client.force_login(admin_user)
     assert client.get("/fake/publish/").json()["applied"] == publishing.applied
 
 
@@ -303,7 +327,43 @@ def test_the_served_mail_fake_sends_every_request(client: Client, served_fakes: 
     assert (first.status_code, again.status_code) == (201, 201)
     assert first.json()["id"] != again.json()["id"]
     assert len(mail.applied) == 2
-    assert client.post("/fake/mail/", "{oops", content_type="application/json").status_code == 400
+    refused = client.post(
+        "/fake/mail/",
+        "{oops",
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {FAKES_TOKEN}"},
+    )
+    assert refused.status_code == 400
+
+
+@pytest.mark.parametrize("url", ["/fake/publish/", "/fake/mail/"])
+@pytest.mark.parametrize("token", [None, "", "t" * 63, "x" * 64])
+def test_the_served_fakes_refuse_a_write_without_their_token(
+    client: Client, admin_user: Any, served_fakes: Any, url: str, token: str | None
+) -> None:
+    # Not even for a logged-in user: a session alone would make the write a CSRF target.
+    client.force_login(admin_user)
+    refused = _post(client, url, {"to": "a@example.org"}, "k-1", token=token)
+
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"].startswith("Bearer")
+    assert all(not remote.received for remote in served_fakes)
+
+
+@pytest.mark.parametrize("url", ["/fake/publish/", "/fake/mail/"])
+def test_the_served_fakes_show_their_writes_only_after_a_login(
+    client: Client, admin_user: Any, served_fakes: Any, url: str
+) -> None:
+    _post(client, url, {"to": "secret@example.org"}, "k-1")
+
+    anonymous = client.get(url)
+    client.force_login(admin_user)
+    logged_in = client.get(url)
+
+    assert anonymous.status_code == 401
+    assert b"secret@example.org" not in anonymous.content
+    assert logged_in.status_code == 200
+    assert logged_in.json()["applied"][0]["body"] == {"to": "secret@example.org"}
 
 
 # --- demo.deliver (the fault drills' write) ---------------------------------------------------

@@ -118,20 +118,110 @@ FAKES_SERVED = (
 )
 
 
+EMBEDDED = {"DATABASE_URL": ""}
+POSTGRES = {"DATABASE_URL": "postgres://u@127.0.0.1:5432/x"}
+
+
 @pytest.mark.parametrize(
     ("env", "served"),
     [
-        ({}, "served"),
-        (PRODUCTION, "not served"),
-        ({"TASKS_FAKE_REMOTES": "0"}, "not served"),
+        (EMBEDDED, "served"),
+        ({**EMBEDDED, "TASKS_FAKE_REMOTES": "0"}, "not served"),
+        (POSTGRES, "not served"),
+        ({**POSTGRES, "TASKS_FAKE_REMOTES": "1"}, "served"),
+        ({**PRODUCTION, **EMBEDDED}, "not served"),
     ],
 )
-def test_the_fake_remotes_are_served_only_outside_production(
+def test_the_fake_remotes_are_served_only_in_the_embedded_demo_unless_asked_for(
     env: dict[str, str], served: str
 ) -> None:
     result = load_settings(FAKES_SERVED, **env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == served
+
+
+REMOTE_TOKENS = (
+    "from django.conf import settings as s; "
+    "print(s.PUBLISH_TOKEN == s.FAKE_REMOTES_TOKEN != '', repr(s.MAIL_TOKEN))"
+)
+
+
+def test_the_demo_workers_send_the_fakes_their_token_and_a_real_remote_only_its_own() -> None:
+    demo = load_settings(REMOTE_TOKENS, **EMBEDDED, MAIL_URL="https://mail.example.com/api/")
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stdout.split() == ["True", "''"]
+
+    own = load_settings(REMOTE_TOKENS, **EMBEDDED, MAIL_TOKEN="m-1", PUBLISH_TOKEN="p-1")
+    assert own.returncode == 0, own.stderr
+    assert own.stdout.split() == ["False", "'m-1'"]
+
+
+def test_production_refuses_to_start_with_debug_on() -> None:
+    result = load_settings(**PRODUCTION, DJANGO_DEBUG="1")
+    assert result.returncode != 0
+    assert "DJANGO_PRODUCTION is set: DJANGO_DEBUG must be off" in result.stderr
+
+
+def run_procfile_line(name: str, env: dict[str, str], *, timeout: float = 90) -> tuple[int, str]:
+    """Run the Procfile's ``name`` line with ``env`` as a Procfile runner does (through a
+    shell), with this interpreter's ``python``, ``gunicorn`` and ``celery``; returns its
+    exit status and its output. A process still running at ``timeout`` is killed (-9)."""
+    process = subprocess.Popen(
+        ["sh", "-c", parse_procfile((ROOT / "Procfile").read_text()).processes[name]],
+        cwd=ROOT,
+        env=clean_env(
+            **env, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        output, _ = process.communicate()
+    return process.returncode, output
+
+
+PROCFILE_PROCESSES = ["release", "web", "worker", "maintenance", "beat"]
+
+
+@pytest.mark.parametrize("name", PROCFILE_PROCESSES)
+@pytest.mark.parametrize(
+    ("unset", "message"),
+    [
+        ("DJANGO_SECRET_KEY", "DJANGO_SECRET_KEY is required"),
+        ("PUBLISH_URL", "PUBLISH_URL is required"),
+    ],
+)
+def test_every_procfile_process_refuses_to_start_on_development_defaults(
+    name: str, unset: str, message: str
+) -> None:
+    # DJANGO_PRODUCTION is not set: the Procfile's processes are production's.
+    env = {key: value for key, value in PRODUCTION.items() if key != "DJANGO_PRODUCTION"}
+    status, output = run_procfile_line(name, {**env, unset: ""})
+    assert status not in (0, -9), output
+    assert f"DJANGO_PRODUCTION is set: {message}" in output
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DJANGO_DEBUG": "1"}, "DJANGO_DEBUG must be off"),
+        ({"TASKS_FAKE_REMOTES": "1"}, "TASKS_FAKE_REMOTES must be off"),
+        ({"MAIL_URL": "http://127.0.0.1:8000/fake/mail/"}, "MAIL_URL points at the demo's fake"),
+        ({"DJANGO_ALLOWED_HOSTS": ""}, "DJANGO_ALLOWED_HOSTS is required"),
+    ],
+)
+def test_the_procfile_web_process_refuses_each_unsafe_default(
+    env: dict[str, str], message: str
+) -> None:
+    production = {key: value for key, value in PRODUCTION.items() if key != "DJANGO_PRODUCTION"}
+    status, output = run_procfile_line("web", {**production, **env})
+    assert status not in (0, -9), output
+    assert f"DJANGO_PRODUCTION is set: {message}" in output
 
 
 @pytest.mark.parametrize(
@@ -243,21 +333,8 @@ def test_the_release_line_leaves_what_a_production_web_process_serves(tmp_path: 
         "TASKS_VAR_DIR": str(tmp_path / "var"),
         "DJANGO_STATIC_ROOT": str(tmp_path / "static"),
     }
-    release = subprocess.run(
-        # Through a shell, as a Procfile runner starts it.
-        ["sh", "-c", parse_procfile((ROOT / "Procfile").read_text()).processes["release"]],
-        cwd=ROOT,
-        # `python` in the line is this interpreter, as it is the deployment's.
-        env=clean_env(
-            **production,
-            PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert release.returncode == 0, release.stderr
+    status, output = run_procfile_line("release", production, timeout=180)
+    assert status == 0, output
     assert (tmp_path / "static" / "staticfiles.json").exists()
 
     pages = load_settings(
