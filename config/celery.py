@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_prerun
+from celery.signals import task_prerun, worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -20,3 +21,38 @@ def _fresh_enough_connections(**kwargs: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+_heartbeat: Any = None
+
+
+@worker_ready.connect
+def _report_presence(sender: Any, **kwargs: Any) -> None:
+    """A worker node reports itself now and every TASKS_HEARTBEAT_SECONDS after, from a
+    thread of its main process (tasks_app.presence)."""
+    global _heartbeat
+    from django.conf import settings
+
+    from tasks_app import presence
+
+    consumer = sender
+    node = presence.describe_consumer(consumer)
+    presence.worker_started(node)
+    _heartbeat = presence.HeartbeatThread(
+        node.name, lambda: presence.describe_consumer(consumer), settings.TASKS_HEARTBEAT_SECONDS
+    )
+    _heartbeat.start()
+
+
+@worker_shutdown.connect
+def _report_shutdown(sender: Any, **kwargs: Any) -> None:
+    from django.db import DatabaseError
+
+    from tasks_app import presence
+
+    if _heartbeat is None:
+        return
+    _heartbeat.stop()
+    # If the database is away the node shows as silent, which is what on-call should see.
+    with contextlib.suppress(DatabaseError):
+        presence.worker_stopped(_heartbeat.node_name)

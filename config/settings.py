@@ -113,6 +113,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /readyz, before the host check and the HTTPS redirect.
+    "config.probes.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -277,6 +279,21 @@ TASKS_SQL_FAST_PATH = env_bool("TASKS_SQL_FAST_PATH", default=True)
 TASKS_PUBLISH_WAIT_MS = env_int("TASKS_PUBLISH_WAIT_MS", 250, minimum=0)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
+# Each worker node reports itself this often (tasks_app.presence); one not seen for
+# TASKS_WORKER_SILENT_SECONDS is shown as silent.
+TASKS_HEARTBEAT_SECONDS = env_int("TASKS_HEARTBEAT_SECONDS", 10)
+TASKS_WORKER_SILENT_SECONDS = env_int(
+    "TASKS_WORKER_SILENT_SECONDS", max(30, 3 * TASKS_HEARTBEAT_SECONDS)
+)
+if TASKS_WORKER_SILENT_SECONDS <= TASKS_HEARTBEAT_SECONDS:
+    raise ImproperlyConfigured(
+        f"TASKS_WORKER_SILENT_SECONDS must be longer than TASKS_HEARTBEAT_SECONDS "
+        f"({TASKS_HEARTBEAT_SECONDS} s), not {TASKS_WORKER_SILENT_SECONDS}"
+    )
+# /readyz fails once the sweeper has not finished a sweep for this long.
+TASKS_SWEEPER_SILENT_SECONDS = env_int(
+    "TASKS_SWEEPER_SILENT_SECONDS", max(60, 6 * TASKS_SWEEP_SECONDS)
+)
 # The remotes of publish_article (PUBLISH_URL) and ticket_reply (MAIL_URL), the approvals
 # app's workflows. While TASKS_FAKE_REMOTES is on they default to the fakes this app
 # serves itself under /fake/ (config/fakes.py; `make run` sets them for the port it serves

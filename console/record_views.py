@@ -13,7 +13,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from tasks_app import lists, selectors, services
+from tasks_app import lists, presence, selectors, services
 from tasks_app.exceptions import InvalidInput, NotPermitted
 
 from . import forms
@@ -35,7 +35,12 @@ def queue_list(request: ConsoleRequest) -> HttpResponse:
 
 
 def _queues_page(request: ConsoleRequest, *, status: int = 200, error: str = "") -> HttpResponse:
-    context = {"queues": selectors.queues(), "form": forms.ReasonForm(), "error": error}
+    context = {
+        "queues": selectors.queues(),
+        "workers": presence.workers(),
+        "form": forms.ReasonForm(),
+        "error": error,
+    }
     return render_page(request, "console/queues.html", context, partial="queues", status=status)
 
 

@@ -27,7 +27,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
-from tasks_app import lists, selectors, services
+from tasks_app import lists, presence, selectors, services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Task
 
@@ -78,7 +78,14 @@ login = login_not_required(
 @view_tasks
 def overview(request: ConsoleRequest) -> HttpResponse:
     summary = selectors.overview()
-    context = {"o": summary, "chart": charts.throughput_chart(summary.throughput)}
+    workers = presence.workers()
+    context = {
+        "o": summary,
+        "chart": charts.throughput_chart(summary.throughput),
+        "workers": workers,
+        "workers_live": sum(worker.state == "live" for worker in workers),
+        "workers_silent": sum(worker.state == "silent" for worker in workers),
+    }
     return render_page(request, "console/overview.html", context, partial="overview")
 
 

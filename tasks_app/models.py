@@ -407,3 +407,29 @@ class Counter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value}"
+
+
+class Heartbeat(models.Model):
+    """A process that reports it is alive: each Celery worker node, and the sweeper after
+    every sweep. ``seen_at`` is the database's clock at the last report."""
+
+    class Role(models.TextChoices):
+        WORKER = "worker"
+        SWEEPER = "sweeper"
+
+    # A worker's Celery node name (``celery@host``); "sweeper" for the sweeper.
+    name = models.CharField(max_length=200, primary_key=True)
+    role = models.CharField(max_length=10, choices=Role.choices)
+    hostname = models.CharField(max_length=200, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    queues = models.JSONField(default=list, blank=True)
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    # The pool's process ids: a lease's worker id is ``<hostname>:<pid>`` of one of them.
+    processes = models.JSONField(default=list, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+    seen_at = models.DateTimeField(db_default=Now())
+    # Set when the node shut down cleanly; a node that died just stops being seen.
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.name}"

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from . import presence
 from .access import SWEEPER
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
@@ -52,11 +53,14 @@ def register_sweep_job(name: str, job: SweepJob) -> None:
 
 def sweep(*, limit: int = 500) -> SweepReport:
     jobs = {name: job(limit) for name, job in list(_sweep_jobs.items())}
-    return SweepReport(
+    report = SweepReport(
         reaped=reap_expired_leases(limit=limit),
         redispatched=redispatch_due(limit=limit),
         jobs=jobs,
     )
+    # What readiness asks about: the sweeper is running and reaches the database.
+    presence.sweeper_ran()
+    return report
 
 
 def reap_expired_leases(*, limit: int = 500) -> int:

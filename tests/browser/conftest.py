@@ -79,5 +79,8 @@ def worker(
         module_remotes,
         what="the browser tests",
         env=inherited,
+        # Reported again within a second of a test emptying the tables, so the pages
+        # list it.
+        TASKS_HEARTBEAT_SECONDS="1",
     ) as process:
         yield process
