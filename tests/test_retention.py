@@ -13,10 +13,13 @@ import logging
 import threading
 from collections import Counter as Tally
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import transaction
 from django.db.models import F
 
@@ -395,7 +398,7 @@ def test_a_pruned_tasks_idempotency_key_is_free_again(db: None) -> None:
     assert services.get_task(idempotency_key="report:2030-01") == fresh.task
 
 
-# --- the dry run ------------------------------------------------------------------------------
+# --- the dry run and the command --------------------------------------------------------------
 
 
 def test_a_dry_run_counts_exactly_what_the_prune_then_removes(
@@ -428,6 +431,56 @@ def test_a_dry_run_counts_exactly_what_the_prune_then_removes(
     assert report.rows["tasks_app.Step"] == preview.rows["tasks_app.Step"]
     assert (report.kept_for_audit, report.audit_events) == (0, preview.audit_events)
     assert Task.objects.get() == recent
+
+
+def _command(*args: str) -> str:
+    out = StringIO()
+    call_command("prune_history", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_prune_history_dry_run_prints_the_counts_and_deletes_nothing(
+    db: None, oncall: User
+) -> None:
+    for task in (_succeeded(), _succeeded(), _cancelled(oncall)):
+        _finished_days_ago(task, DAYS + 1)
+    _succeeded()
+    events = Event.objects.count()
+
+    output = _command("--dry-run")
+
+    lines = output.splitlines()
+    assert lines[0].startswith("would prune (dry run, nothing changed): 3 task(s) finished")
+    assert lines[0].endswith("(cancelled 1, succeeded 2)")
+    assert lines[1:4] == [
+        "  with them: steps 3",
+        "  their events: 7 (claimed 2, enqueued 3, succeeded 2)",
+        "  their operator events kept for audit: 1",
+    ]
+    assert lines[4].endswith("their task gone: 0 (-)")
+    assert (Task.objects.count(), Event.objects.count()) == (4, events)
+
+
+def test_prune_history_prunes_everything_due_in_batches(db: None, settings: Any) -> None:
+    settings.RETENTION_BATCH = 2
+    for task in [_succeeded() for _ in range(5)]:
+        _finished_days_ago(task, 10)
+    kept = _succeeded()
+
+    output = _command("--days", "7")
+
+    assert output.splitlines()[0].startswith("pruned: 5 task(s) finished before")
+    assert "  with them: leases 5, steps 5" in output
+    assert Task.objects.get() == kept
+
+
+def test_prune_history_refuses_an_audit_retention_shorter_than_the_retention(db: None) -> None:
+    _finished_days_ago(_succeeded(), 10)
+
+    with pytest.raises(CommandError, match="audit_days: must not be shorter than days"):
+        _command("--days", "7", "--audit-days", "5")
+
+    assert Task.objects.count() == 1
 
 
 def test_settings_refuse_an_audit_retention_shorter_than_the_retention() -> None:
