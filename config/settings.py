@@ -341,6 +341,19 @@ if PRODUCTION:
                 )
 # Seconds a remote call may take before it counts as timed out.
 REMOTE_TIMEOUT_SECONDS = env_int("REMOTE_TIMEOUT_SECONDS", 10)
+# Finished tasks (succeeded, cancelled) are pruned, with their steps, leases and events,
+# this many days after they finished; until then their idempotency keys stay taken.
+RETENTION_DAYS = env_int("RETENTION_DAYS", 30)
+# Operator actions (redrives, cancels, decisions, queue switches) outlive their task's
+# pruning: their events are pruned this many days after they were recorded.
+AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 365)
+if AUDIT_RETENTION_DAYS < RETENTION_DAYS:
+    raise ImproperlyConfigured(
+        f"AUDIT_RETENTION_DAYS ({AUDIT_RETENTION_DAYS}) must not be shorter than "
+        f"RETENTION_DAYS ({RETENTION_DAYS})"
+    )
+# Tasks (or audit events) pruned per transaction: each batch holds its row locks briefly.
+RETENTION_BATCH = env_int("RETENTION_BATCH", 500)
 
 # --- the console ---------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""The sweeper: reap expired leases, ring again for due steps whose doorbell was lost, and
-run the periodic jobs other apps register."""
+"""The sweeper: reap expired leases, ring again for due steps whose doorbell was lost,
+prune history past its retention, and run the periodic jobs other apps register."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import presence
+from . import presence, retention
 from .access import SWEEPER
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
@@ -49,6 +49,12 @@ def register_sweep_job(name: str, job: SweepJob) -> None:
     app building on the core registers its periodic work here, as approvals does for
     expiry."""
     _sweep_jobs[name] = job
+
+
+# The core's own periodic work: retention prunes one batch of finished tasks and one of
+# operator events past the audit retention per sweep (tasks_app.retention).
+register_sweep_job("pruned", retention.sweep_tasks)
+register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
 
 
 def sweep(*, limit: int = 500) -> SweepReport:

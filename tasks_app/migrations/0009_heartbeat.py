@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tasks_app", "0007_heap_only_lease_updates"),
+        ("tasks_app", "0008_cancelled_finished_index"),
     ]
 
     operations = [
