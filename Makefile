@@ -14,7 +14,7 @@ demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
 # Served by the demo even when DATABASE_URL points it at PostgreSQL.
 demo run: export TASKS_FAKE_REMOTES ?= 1
 
-.PHONY: help install run migrate demo test test-fast chaos lint format clean bench bench-quick
+.PHONY: help install run migrate demo test test-fast chaos lint format clean bench bench-quick docker-check
 
 help:
 	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"
@@ -22,6 +22,7 @@ help:
 	@echo "make test-fast  the same without the worker-process and browser tests (e2e, browser)"
 	@echo "make chaos  the fault drills: workers, Redis and PostgreSQL killed and restarted"
 	@echo "make lint   ruff and mypy"
+	@echo "make docker-check  build the container image and run its processes (skips without Docker)"
 	@echo "make bench  the full benchmark (about 35 min); make bench-quick: every cell, small N"
 
 $(PY):
@@ -63,6 +64,11 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+
+# The container image (Dockerfile, docs/deployment.md), built and run when Docker is
+# available; without it this says so and succeeds (tests/test_dockerfile.py lints the file).
+docker-check:
+	@scripts/docker-check.sh
 
 format: install
 	$(VENV)/bin/ruff format .
