@@ -9,6 +9,7 @@ remotes of the shipped workflows.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -354,6 +355,22 @@ if AUDIT_RETENTION_DAYS < RETENTION_DAYS:
     )
 # Tasks (or audit events) pruned per transaction: each batch holds its row locks briefly.
 RETENTION_BATCH = env_int("RETENTION_BATCH", 500)
+
+# --- metrics -------------------------------------------------------------------------
+
+# /metrics answers a request bearing this token ("Authorization: Bearer <token>") or coming
+# from one of these networks (the address the web process sees; "none" for no network).
+METRICS_TOKEN = env_str("METRICS_TOKEN")
+_metrics_networks = env_list("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
+try:
+    METRICS_ALLOWED_NETWORKS = [
+        ipaddress.ip_network(network) for network in _metrics_networks if network != "none"
+    ]
+except ValueError as exc:
+    raise ImproperlyConfigured(
+        f"METRICS_ALLOWED_NETWORKS must be comma-separated networks (10.0.0.0/8), not "
+        f"{', '.join(_metrics_networks)!r}: {exc}"
+    ) from None
 
 # --- the console ---------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 
 from . import leases
+from .counting import STEP_SECONDS_BUCKETS, bucket_label
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
 from .leases import Claim
@@ -42,6 +43,12 @@ from .transitions import paused_filter, uses_sql
 
 if TYPE_CHECKING:
     from .enqueueing import PreparedItem
+
+# The step duration histogram's bounds and their counter labels (counting.bucket_of).
+STEP_SECONDS_PARAMS = {
+    "bounds": [float(bound) for bound in STEP_SECONDS_BUCKETS],
+    "labels": [bucket_label(bound) for bound in STEP_SECONDS_BUCKETS],
+}
 
 
 @contextmanager
@@ -193,6 +200,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
                     for _, result in unique
                 ],
                 "actors": [f"worker:{claim.worker_id}" for claim, _ in unique],
+                **STEP_SECONDS_PARAMS,
             },
             prepare=True,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
-from . import validation
+from . import counting, validation
 from .access import Actor, actor_fields
 from .batch import insert_tasks
 from .dispatch import Doorbell, ring_on_commit
@@ -272,6 +273,7 @@ def _insert_with_orm(
             for task in created.values()
         ]
     )
+    counting.add(collections.Counter(f"{counting.ENQUEUED}:{t.workflow}" for t in created.values()))
     ring_on_commit(
         [
             Doorbell(s.pk, s.queue, max((s.available_at - now).total_seconds(), 0.0))

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
+from . import counting
 from .access import SYSTEM
 from .approval_steps import open_approval_step
 from .dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
@@ -116,6 +117,7 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
             attempt=step.attempts,
             lease_seconds=lease,
         )
+        counting.add({f"{counting.CLAIMED}:{step.queue}": 1})
     return Claim.of(step, worker_id=worker_id, lease_seconds=lease)
 
 
@@ -183,6 +185,8 @@ def complete_step(claim: Claim, result: Any) -> bool:
             step.lease_expires_at = None
             step.save(update_fields=["status", "result", "finished_at", "lease_expires_at"])
             release_lease(step, claim.token, Lease.Outcome.SUCCEEDED)
+            if step.started_at is not None:
+                counting.add(counting.step_seconds([(now - step.started_at).total_seconds()]))
             due: list[Step] = []
             reached = None
             if task.cancel_requested_at is None:

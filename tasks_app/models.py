@@ -297,6 +297,17 @@ OPERATOR_EVENT_KINDS = frozenset(
 )
 
 
+# Transitions that need a look when they happen: counted per time window by the overview
+# and in all by the metrics, from an index of their own (event_trouble_idx).
+RARE_EVENT_KINDS = (
+    EventKind.RETRY_SCHEDULED,
+    EventKind.DEAD_LETTERED,
+    EventKind.LEASE_EXPIRED,
+    EventKind.STALE_WRITE_REJECTED,
+    EventKind.APPROVAL_EXPIRED,
+)
+
+
 class AppendOnlyError(Exception):
     """Events are history: they are never updated, and deleted only by retention."""
 
@@ -350,12 +361,13 @@ class Event(models.Model):
                 name="event_audit_actor_idx",
                 condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
             ),
-            # The overview's retries, dead letters and lease expiries of the last hour:
-            # rare kinds, so the index stays small beside the many routine events.
+            # The overview's retries, dead letters and lease expiries of the last hour, and
+            # the metrics' count of each rare kind (answered from the index alone): rare
+            # kinds, so the index stays small beside the many routine events.
             models.Index(
-                fields=["created_at"],
+                fields=["kind", "created_at"],
                 name="event_trouble_idx",
-                condition=Q(kind__in=["dead_lettered", "lease_expired", "retry_scheduled"]),
+                condition=Q(kind__in=sorted(RARE_EVENT_KINDS)),
             ),
         ]
 

@@ -27,10 +27,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.backends.utils import CursorWrapper
 from django.db.models import Count, Exists, OuterRef, QuerySet
 
-from .models import OPERATOR_EVENT_KINDS, Counter, Event, Step, Task, TaskStatus
+from . import counting
+from .models import OPERATOR_EVENT_KINDS, Event, Step, Task, TaskStatus
 from .transitions import db_now
 
 logger = logging.getLogger(__name__)
@@ -80,24 +80,8 @@ def delete_events_by_kind(event_ids: Sequence[int]) -> dict[str, int]:
             # SET LOCAL would last until the outer transaction ends: switch it off again so
             # nothing after this call can delete events.
             cursor.execute("SET LOCAL tasks_app.retention = 'off'")
-        _tally(cursor, deleted)
+        counting.upsert({PRUNED_COUNTER_PREFIX + kind: n for kind, n in deleted.items()})
     return dict(deleted)
-
-
-def _tally(cursor: CursorWrapper, deleted: collections.Counter[str]) -> None:
-    """Upsert the counters; sorted by name so concurrent prunes lock them in one order."""
-    if not deleted:
-        return
-    table = Counter._meta.db_table
-    rows = sorted(deleted.items())
-    values = ", ".join(["(%s, %s)"] * len(rows))
-    params = [value for kind, count in rows for value in (PRUNED_COUNTER_PREFIX + kind, count)]
-    # PostgreSQL and SQLite (3.24+) both speak ON CONFLICT ... DO UPDATE with excluded.
-    cursor.execute(
-        f"INSERT INTO {table} (name, value) VALUES {values} "  # noqa: S608
-        f"ON CONFLICT (name) DO UPDATE SET value = {table}.value + excluded.value",
-        params,
-    )
 
 
 # --- what is due ------------------------------------------------------------------------------

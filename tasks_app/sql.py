@@ -7,10 +7,22 @@ runs the same scenarios through both and compares the rows and events they leave
 
 from __future__ import annotations
 
+from .counting import CLAIMED, ENQUEUED, SHARDS, STEP_SECONDS
 from .exceptions import LEASE_EXPIRED
 
 # "A step is due", as models.StepQuerySet.due says it, for the statements below.
 DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
+
+
+# ORM twin: counting.add. Adds the (name, count) rows of a SELECT to the metrics counters,
+# each name on this backend's shard.
+def _count_into(select: str) -> str:
+    return f"""
+    INSERT INTO tasks_app_counter (name, value)
+    SELECT name || '#' || (pg_backend_pid() %% {SHARDS}), n FROM ({select}) AS counts
+    WHERE n > 0 ORDER BY 1
+    ON CONFLICT (name) DO UPDATE SET value = tasks_app_counter.value + excluded.value"""  # noqa: S608 (the select is one of the statements below)
+
 
 # The columns of a step and of a task in the order of the models' concrete fields
 # (tests/test_batch.py checks they match): a claim returns the rows it claimed, so the
@@ -98,6 +110,7 @@ WITH target AS (
 ), tasks AS (
     UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
     FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
+), counted AS ({_count_into(f"SELECT '{CLAIMED}:' || queue AS name, count(*) AS n FROM claimed GROUP BY queue")}
 )
 SELECT {_CLAIM_ROWS}
 FROM claimed c JOIN tasks_app_task t ON t.id = c.task_id
@@ -128,7 +141,7 @@ WITH input AS (
         lease_expires_at = NULL
     FROM input i
     WHERE s.id = i.id AND s.fencing_token = i.token AND s.status = 'running'
-    RETURNING s.id, s.task_id, s.position, s.attempts, s.fencing_token
+    RETURNING s.id, s.task_id, s.position, s.attempts, s.fencing_token, s.started_at
 ), released AS (
     UPDATE tasks_app_lease l SET released_at = statement_timestamp(), outcome = 'succeeded'
     FROM done WHERE l.step_id = done.id AND l.token = done.fencing_token AND l.released_at IS NULL
@@ -174,6 +187,19 @@ WITH input AS (
         FROM settled WHERE settled.status = 'cancelled'
     ) AS e
     ORDER BY task_id, ord
+), timed AS (
+    -- counting.step_seconds: each run's bucket (the smallest bound it fits), and the sum.
+    SELECT extract(epoch FROM statement_timestamp() - started_at)::float8 AS seconds FROM done
+), counted AS ({
+    _count_into(f"""
+    SELECT '{STEP_SECONDS}:le=' || COALESCE(
+               (SELECT b.label FROM unnest(%(bounds)s::float8[], %(labels)s::text[]) AS b(bound, label)
+                WHERE b.bound >= timed.seconds ORDER BY b.bound LIMIT 1), 'inf'
+           ) AS name, count(*) AS n
+    FROM timed GROUP BY 1
+    UNION ALL
+    SELECT '{STEP_SECONDS}:sum_ms', round(sum(seconds) * 1000)::bigint FROM timed""")
+}
 )
 SELECT 'settled', id, status, {", ".join(TASK_COLUMNS)}
 FROM settled WHERE status IN ('succeeded', 'cancelled')
@@ -190,7 +216,7 @@ SELECT 'next', id, queue, {_NO_TASK} FROM nxt
 # enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.
 # Ids are drawn first so every row maps back to its item, and rows go in key order so two
 # batches sharing keys queue on them in one order instead of deadlocking.
-INSERT_SQL = """
+INSERT_SQL = f"""
 WITH input AS (
     SELECT i.*, nextval(pg_get_serial_sequence('tasks_app_task', 'id')) AS id
     FROM jsonb_to_recordset(%(items)s::jsonb) AS i(
@@ -236,7 +262,8 @@ WITH input AS (
            t.created_at
     FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
     ORDER BY t.id
+), counted AS ({_count_into(f"SELECT '{ENQUEUED}:' || i.workflow AS name, count(*) AS n FROM tasks t JOIN input i ON i.id = t.id GROUP BY i.workflow")}
 )
 SELECT i.ord, t.id, t.created_at, st.first_step, st.available_at
 FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
-"""
+"""  # noqa: S608 (the names are constants, not input)
