@@ -307,6 +307,9 @@ REMOTE_TIMEOUT_SECONDS = env_int("REMOTE_TIMEOUT_SECONDS", 10)
 CONSOLE_REDACT_KEYS = env_list(
     "CONSOLE_REDACT_KEYS", ["password", "token", "secret", "api_key", "authorization"]
 )
+# Keys whose values the operational log never writes (tasks_app.oplog; same matching);
+# by default the console's.
+TASKS_LOG_REDACT_KEYS = env_list("TASKS_LOG_REDACT_KEYS", CONSOLE_REDACT_KEYS)
 # The most tasks one bulk action on dead letters may change.
 CONSOLE_BULK_LIMIT = env_int("CONSOLE_BULK_LIMIT", 1000)
 CONSOLE_PAGE_SIZE = env_int("CONSOLE_PAGE_SIZE", 50)
