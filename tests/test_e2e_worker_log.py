@@ -1,5 +1,6 @@
 """What a worker logs at the Procfile's level (INFO) with the production defaults: one line
-per drain that ran steps, none per message."""
+per drain that ran steps, none per message, and one line per retry and dead letter
+(tasks_app.oplog)."""
 
 from __future__ import annotations
 
@@ -43,18 +44,41 @@ def test_a_worker_at_info_logs_one_line_per_drain_and_none_per_message(
         failing = services.enqueue(
             "demo.flaky", {"fail_first": 1}, idempotency_key="log-flaky", actor="test:e2e"
         ).task
+        dying = services.enqueue(
+            "demo.flaky",
+            {"fail_first": 1, "error": "permanent"},
+            idempotency_key="log-dead",
+            actor="test:e2e",
+        ).task
         ids = [task.pk for task in [*ok, failing]]
 
         def settled() -> bool:
-            return Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCEEDED).count() == 21
+            dead = Task.objects.filter(pk=dying.pk, status=TaskStatus.DEAD).exists()
+            done = Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCEEDED).count()
+            return dead and done == 21
 
-        wait_for(settled, timeout=60, what=lambda: "the tasks to succeed\n" + worker.tail())
+        wait_for(settled, timeout=60, what=lambda: "the tasks to settle\n" + worker.tail())
         logged = worker.output(mark)
 
     drains = [tuple(map(int, found)) for found in DRAINED.findall(logged)]
-    # 21 tasks of one step each, and the flaky one's first attempt failed.
-    assert sum(ran for ran, _, _ in drains) == 22, logged
+    # 22 tasks of one step each: the flaky one's first attempt failed, the dying one's only.
+    assert sum(ran for ran, _, _ in drains) == 23, logged
     assert sum(returned for _, returned, _ in drains) == 21, logged
-    assert sum(failed for _, _, failed in drains) == 1, logged
+    assert sum(failed for _, _, failed in drains) == 2, logged
     assert all(ran == returned + failed for ran, returned, failed in drains)
     assert "run_step" not in logged, "Celery's per-message lines are off by default"
+    worker_actor = r"worker:\S+:\d+"
+    retried, died = failing.steps.get(), dying.steps.get()
+    assert re.search(
+        rf"INFO tasks_app\.events: retry_scheduled task={failing.pk} step={retried.pk} token=1 "
+        rf"workflow=demo\.flaky queue=default actor={worker_actor} attempts=1 "
+        r"error_class=tasks_app\.exceptions\.RetryableError .*retry_in=[0-9.]+s",
+        logged,
+    ), logged
+    assert re.search(
+        rf"WARNING tasks_app\.events: dead_lettered task={dying.pk} step={died.pk} token=1 "
+        rf"workflow=demo\.flaky queue=default actor={worker_actor} attempts=1 "
+        r"error_class=tasks_app\.exceptions\.PermanentError .*reason=permanent_error",
+        logged,
+    ), logged
+    assert logged.count("tasks_app.events:") == 2, logged
