@@ -230,21 +230,41 @@ SECURE_CSP = {
     "frame-ancestors": [CSP.NONE],
 }
 
-# Celery logs two lines per message at INFO (received, succeeded). A worker drains many
-# steps per message and logs one line per drain instead (tasks_app.runner); on, Celery's
+# Celery logs two lines per message at INFO (received, succeeded), and beat one per message
+# it schedules (the sweep, every TASKS_SWEEP_SECONDS). A worker drains many steps per
+# message and logs one line per drain instead (tasks_app.runner); on, Celery's and beat's
 # lines come back, for following single messages.
 TASKS_LOG_MESSAGES = env_bool("TASKS_LOG_MESSAGES")
+# Every line readable (`text`) or one JSON object per line (`json`), for all loggers; the
+# task system's operational lines (tasks_app.oplog) carry their fields either way.
+TASKS_LOG_FORMATS = ("text", "json")
+TASKS_LOG_FORMAT = env_str("TASKS_LOG_FORMAT", "text").lower()
+if TASKS_LOG_FORMAT not in TASKS_LOG_FORMATS:
+    raise ImproperlyConfigured(
+        f"TASKS_LOG_FORMAT must be one of {', '.join(TASKS_LOG_FORMATS)}, "
+        f"not {env_str('TASKS_LOG_FORMAT')!r}"
+    )
 _quiet = {} if TASKS_LOG_MESSAGES else {"level": "WARNING"}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "config.logs.JsonFormatter"},
+    },
+    "filters": {"beat_sends": {"()": "config.logs.DropBeatSends"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": TASKS_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
+        # Django's own loggers write through the one handler too (its defaults add a
+        # handler of their own, which outside production wrote each line a second time).
+        "django": {"level": "INFO"},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "tasks_app": {"level": env_str("TASKS_LOG_LEVEL", "INFO")},
         "celery.app.trace": _quiet,
         "celery.worker.strategy": _quiet,
+        # Beat's start-up and shutdown lines come from the same logger and stay.
+        "celery.beat": {} if TASKS_LOG_MESSAGES else {"filters": ["beat_sends"]},
     },
 }
 
@@ -378,6 +398,9 @@ except ValueError as exc:
 CONSOLE_REDACT_KEYS = env_list(
     "CONSOLE_REDACT_KEYS", ["password", "token", "secret", "api_key", "authorization"]
 )
+# Keys whose values the operational log never writes (tasks_app.oplog; same matching);
+# by default the console's.
+TASKS_LOG_REDACT_KEYS = env_list("TASKS_LOG_REDACT_KEYS", CONSOLE_REDACT_KEYS)
 # The most tasks one bulk action on dead letters may change.
 CONSOLE_BULK_LIMIT = env_int("CONSOLE_BULK_LIMIT", 1000)
 CONSOLE_PAGE_SIZE = env_int("CONSOLE_PAGE_SIZE", 50)

@@ -11,27 +11,16 @@ from typing import Any
 
 from django.conf import settings
 
+from tasks_app import redaction
 from tasks_app.durations import short_duration as short_duration
-
-REDACTED = "•••redacted•••"
+from tasks_app.exceptions import error_summary as error_summary
+from tasks_app.redaction import REDACTED as REDACTED
 
 
 def redact(value: Any, keys: Iterable[str] | None = None) -> Any:
-    """A copy of ``value`` with the value of every secret key replaced, at any depth
-    (keys compared case-insensitively, ``-`` and ``_`` alike)."""
-    secret = {_norm(key) for key in (settings.CONSOLE_REDACT_KEYS if keys is None else keys)}
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {
-                key: REDACTED if _norm(str(key)) in secret else walk(item)
-                for key, item in node.items()
-            }
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        return node
-
-    return walk(value)
+    """A copy of ``value`` with the value of every secret key replaced, at any depth: the
+    keys of ``CONSOLE_REDACT_KEYS`` unless ``keys`` are given."""
+    return redaction.redact(value, settings.CONSOLE_REDACT_KEYS if keys is None else keys)
 
 
 def restore_redacted(edited: Any, original: Any) -> Any:
@@ -52,16 +41,6 @@ def restore_redacted(edited: Any, original: Any) -> Any:
     return edited
 
 
-def _norm(key: str) -> str:
-    return key.strip().lower().replace("-", "_")
-
-
 def pretty_json(value: Any) -> str:
     """Redacted, indented JSON for a ``<pre>`` block."""
     return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=True, default=str)
-
-
-def error_summary(text: str) -> str:
-    """The line of a stored error that says what went wrong: a traceback's last line."""
-    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""

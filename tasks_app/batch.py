@@ -24,12 +24,13 @@ import psycopg
 from django.conf import settings
 from django.db import connection, models, transaction
 
-from . import leases
+from . import leases, oplog
+from .access import SYSTEM
 from .counting import STEP_SECONDS_BUCKETS, bucket_label
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
 from .leases import Claim
-from .models import Step, Task, TaskStatus
+from .models import Event, EventKind, Step, Task, TaskStatus
 from .signals import announce_on_commit
 from .sql import (
     CLAIM_SQL,
@@ -213,6 +214,17 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
             row[1]: _from_row(Task, TASK_COLUMNS, row[3:]) for row in rows if row[0] == "settled"
         }
         announce_on_commit(((pk, task.status) for pk, task in settled.items()), rows=settled)
+        # The statement's one event the operational log carries, as complete_step logs it.
+        for pk, task in settled.items():
+            if task.status == TaskStatus.CANCELLED:
+                event = Event(
+                    task_id=pk,
+                    kind=EventKind.CANCELLED,
+                    actor=SYSTEM,
+                    reason=leases.CANCELLED_WHILE_RUNNING,
+                    data={},
+                )
+                oplog.log_event(event, task=task)
     for claim, _ in unique:
         if (claim.step_id, claim.token) not in held:
             leases.reject_stale(claim, "complete")

@@ -107,3 +107,9 @@ def error_class(exc: BaseException) -> str:
 def error_text(exc: BaseException) -> str:
     """The traceback a failed step records as its ``last_error`` (its last 10,000 chars)."""
     return "".join(traceback.format_exception(exc, limit=8))[-10_000:]
+
+
+def error_summary(text: str) -> str:
+    """The line of a stored error that says what went wrong: a traceback's last line."""
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""

@@ -5,7 +5,6 @@ is recorded as ``stale_write_rejected``."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -31,7 +30,9 @@ from .transitions import (
     settle_and_record,
 )
 
-logger = logging.getLogger(__name__)
+# The reason of the `cancelled` event of a task whose cancel came while its step ran and
+# whose step then succeeded (COMPLETE_SQL writes the same text).
+CANCELLED_WHILE_RUNNING = "cancel requested while the step ran"
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,6 @@ def reject_stale(claim: Claim, operation: str) -> None:
             current_token=current["fencing_token"] if current else None,
             current_status=current["status"] if current else None,
         )
-    logger.warning("stale %s refused for step %s token %s", operation, claim.step_id, claim.token)
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ def complete_step(claim: Claim, result: Any) -> bool:
                     EventKind.CANCELLED,
                     task_id=task.pk,
                     actor=SYSTEM,
-                    reason="cancel requested while the step ran",
+                    reason=CANCELLED_WHILE_RUNNING,
                 )
             ring_on_commit([Doorbell(s.pk, s.queue) for s in changed[1:]])
             return True

@@ -15,6 +15,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from . import oplog
 from .access import Actor, actor_fields
 from .effects import Effects
 from .history import derive_task_status
@@ -67,13 +68,18 @@ def record_event(
     actor: Actor = None,
     reason: str = "",
     steps: Iterable[Step] = (),
+    task: Task | None = None,
     **data: Any,
 ) -> Event:
+    """Write the event of a transition in the caller's transaction; the kinds on-call
+    hears of also get their log line once it commits (``oplog``: ``task`` and ``steps``
+    are the rows at hand, so the line reads none again)."""
     name, user_id = actor_fields(actor)
-    changes = {str(step.pk): step_state(step) for step in steps}
+    changed = tuple(steps)
+    changes = {str(step.pk): step_state(step) for step in changed}
     if changes:
         data["steps"] = changes
-    return Event.objects.create(
+    event = Event.objects.create(
         task_id=task_id,
         step_id=step_id,
         kind=kind,
@@ -82,6 +88,8 @@ def record_event(
         reason=reason,
         data=data,
     )
+    oplog.log_event(event, task=task, steps=changed)
+    return event
 
 
 def settle_and_record(
@@ -104,6 +112,7 @@ def settle_and_record(
         actor=actor,
         reason=reason,
         steps=steps,
+        task=task,
         task_status=status,
         **data,
     )
