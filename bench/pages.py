@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-PAGES = {"overview": "/", "tasks": "/tasks/"}
+PAGES = {"overview": "/", "tasks": "/tasks/", "metrics": "/metrics"}
 USERNAME = "bench-console"
 EXPLAINED = 3  # the slowest SELECTs of the captured request that get a plan
 PLAN_CHARS = 4000

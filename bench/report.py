@@ -30,6 +30,7 @@ DASH = "\u2013"  # the en dash of "min-max" and of an empty cell
 CONSOLE_PAGES = {
     "overview": "Overview (`GET /`)",
     "tasks": "Tasks, first page (`GET /tasks/`)",
+    "metrics": "Metrics (`GET /metrics`)",
 }
 CONSOLE_BOUND = 1.5  # the large set's time over the small set's, per page
 

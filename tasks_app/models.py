@@ -420,9 +420,12 @@ class QueueState(models.Model):
 
 
 class Counter(models.Model):
-    """Small monotonic counters for metrics (duplicate enqueues, idempotency conflicts)."""
+    """Small monotonic counters for metrics (``tasks_app.counting``): duplicate enqueues,
+    idempotency conflicts, and per process shard enqueues per workflow, claims per queue,
+    successful runs' times, events pruned per kind."""
 
-    name = models.CharField(max_length=100, primary_key=True)
+    # Room for "enqueued:<workflow>#<shard>" with the longest workflow name.
+    name = models.CharField(max_length=200, primary_key=True)
     value = models.PositiveBigIntegerField(default=0)
 
     def __str__(self) -> str:
