@@ -8,6 +8,7 @@ import io
 import json
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -613,6 +614,30 @@ def test_failed_logins_are_throttled_per_username(oncall: User, settings: object
     assert "Too many failed logins" in body(right)
     assert "_auth_user_id" not in client.session
     forget_failed_logins(oncall)
+
+
+def test_on_call_can_still_log_in_while_redis_is_down(
+    oncall: User, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The failed-login counts live in Redis; in a Redis outage, the one on-call logs in to
+    look at, the login goes unthrottled (the password still checked) instead of failing."""
+    settings.CACHES = {  # nothing listens on port 1
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        }
+    }
+    client = Client()
+    wrong = client.post("/accounts/login/", {"username": oncall.username, "password": "wrong"})
+    assert wrong.status_code == 200  # the form again, with its error
+    assert "_auth_user_id" not in client.session
+
+    right = client.post(
+        "/accounts/login/", {"username": oncall.username, "password": "pw-" + oncall.username}
+    )
+    assert right.status_code == 302
+    assert client.session["_auth_user_id"] == str(oncall.pk)
+    assert "the cache cannot count failed logins" in caplog.text
 
 
 def test_the_login_page_logs_in_and_goes_to_the_overview(oncall: User) -> None:
