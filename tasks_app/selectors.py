@@ -252,7 +252,9 @@ def task_actions(detail: TaskDetail, user: Any) -> TaskActions:
     task = detail.task
     dead = task.status == TaskStatus.DEAD
     return TaskActions(
-        redrive=dead and user.has_perm("tasks_app.redrive_task"),
+        # A redrive of a step whose outcome is unknown would find its started effect again
+        # and die again without calling: only a person's answer (resolve) moves it on.
+        redrive=dead and not detail.outcome_unknown and user.has_perm("tasks_app.redrive_task"),
         # Resolving by hand is for a step nobody knows the outcome of; an approval step is
         # never resolved as done (only a decision lets a task past it).
         resolve=dead

@@ -245,6 +245,8 @@ def test_an_unknown_outcome_offers_mark_done_and_run_again(oncall: User, auditor
     task = dead_task({"error": "outcome_unknown", "fail_first": 1})
     page = body(login(oncall).get(f"/tasks/{task.pk}/"))
     assert ">Mark done</button>" in page and ">Run again</button>" in page
+    # Not a redrive: it would find the call's started effect and die again without calling.
+    assert ">Redrive</button>" not in page
     # Someone without the permissions sees the task and no action.
     assert '<form method="post" action="/tasks/' not in body(
         login(auditor).get(f"/tasks/{task.pk}/")
