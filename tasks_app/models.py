@@ -93,10 +93,12 @@ class Task(models.Model):
         indexes = [
             # Overview counts and lists of active work per state; finished history
             # (succeeded, cancelled) stays out of the index as it grows.
+            # It carries the workflow, so the metrics count them by workflow from it alone.
             models.Index(
                 fields=["status", "created_at"],
                 name="task_active_status_idx",
                 condition=Q(status__in=["pending", "running", "waiting_approval", "dead"]),
+                include=["workflow"],
             ),
             # The overview's "succeeded in the last hour / day" and its per-minute chart:
             # a range over recent finishes, however long the history. Retention reads it
@@ -225,6 +227,14 @@ class Step(models.Model):
                 name="step_lease_idx",
                 condition=Q(status="running"),
             ),
+            # The metrics' dead steps by queue and error class, from the index alone; only
+            # dead rows have entries (step updates already change status, an indexed
+            # column, so this costs no heap-only update).
+            models.Index(
+                fields=["queue", "error_class"],
+                name="step_dead_idx",
+                condition=Q(status="dead"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -351,10 +361,12 @@ class Event(models.Model):
             models.Index(fields=["task_id", "id"], name="event_task_idx"),
             # The audit log: operator actions by time and by actor. Partial, so the many
             # worker events (claimed, succeeded, ...) pay for neither index.
+            # It carries the kind, so the metrics count operator actions by kind from it.
             models.Index(
                 fields=["created_at"],
                 name="event_audit_created_idx",
                 condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
+                include=["kind"],
             ),
             models.Index(
                 fields=["actor", "created_at"],

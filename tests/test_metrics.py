@@ -76,7 +76,7 @@ def test_the_metrics_report_the_work_and_its_history(client: Client, path: str) 
         value(
             samples,
             "tasks_dead_steps",
-            workflow="demo.flaky",
+            queue="default",
             error_class="tasks_app.exceptions.PermanentError",
         )
         == 1
