@@ -24,7 +24,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection, models, transaction
 
-from . import leases, oplog
+from . import counting, leases, oplog
 from .access import SYSTEM
 from .counting import STEP_SECONDS_BUCKETS, bucket_label
 from .dispatch import Doorbell, ring_on_commit
@@ -214,7 +214,10 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
             row[1]: _from_row(Task, TASK_COLUMNS, row[3:]) for row in rows if row[0] == "settled"
         }
         announce_on_commit(((pk, task.status) for pk, task in settled.items()), rows=settled)
-        # The statement's one event the operational log carries, as complete_step logs it.
+        # The statement's one event the operational log carries and the metrics count, as
+        # complete_step logs and counts it (through record_event).
+        cancelled = sum(task.status == TaskStatus.CANCELLED for task in settled.values())
+        counting.add({f"{counting.EVENT}:{EventKind.CANCELLED}": cancelled})
         for pk, task in settled.items():
             if task.status == TaskStatus.CANCELLED:
                 event = Event(

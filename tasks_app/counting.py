@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from django.db import connection
 
+from .models import OPERATOR_EVENT_KINDS, RARE_EVENT_KINDS
 from .models import Counter as CounterRow
 
 SHARDS = 16
@@ -22,6 +23,12 @@ SHARDS = 16
 ENQUEUED = "enqueued"
 CLAIMED = "claimed"
 STEP_SECONDS = "step_seconds"
+# Events of these kinds are counted as they are written ("event:<kind>"): the rare
+# transitions and the operator actions. All of them go through transitions.record_event
+# but one: the `cancelled` of a task whose cancel came while its step ran, which the hot
+# path's completion writes and counts itself (batch.complete_many).
+EVENT = "event"
+COUNTED_EVENT_KINDS = (*RARE_EVENT_KINDS, *sorted(OPERATOR_EVENT_KINDS))
 # Seconds from claim to success; the last bucket, past these, is +Inf.
 STEP_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 

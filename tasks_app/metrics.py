@@ -5,12 +5,12 @@ Two kinds of figures:
 - **Now** (gauges): active tasks and dead steps, queue depth and lag, paused queues,
   workers, the sweeper's last run. Each is read from a partial index of active rows or a
   small table, so the cost follows the work in flight, not the finished history.
-- **Since the start** (counters, histograms): rows of the ``Counter`` table, added to in
-  the transaction of the change they count (enqueues, claims, the run time of steps that
-  succeeded; on PostgreSQL's hot path inside the same statement), sharded by process so
-  concurrent writers rarely wait on one row; and the rare event kinds, counted from their
-  indexes plus what retention pruned of them (``events_pruned:<kind>``), so no counter
-  goes down when history is pruned.
+- **Since the start** (counters, histograms): rows of the ``Counter`` table
+  (``tasks_app.counting``), added to in the transaction of the change they count
+  (enqueues, claims, the run time of steps that succeeded, the rare and operator events;
+  on PostgreSQL's hot path inside the same statement), sharded by process so concurrent
+  writers rarely wait on one row. Pruning history takes nothing from them; what it
+  deleted is counted too (``events_pruned:<kind>``).
 
 Apps add their own figures with :func:`register_part` (approvals does for its requests).
 """
@@ -27,14 +27,18 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import presence, selectors
-from .counting import CLAIMED, ENQUEUED, STEP_SECONDS, STEP_SECONDS_BUCKETS, bucket_label
-from .models import OPERATOR_EVENT_KINDS, RARE_EVENT_KINDS, Event, Step, StepStatus, Task
+from .counting import (
+    CLAIMED,
+    COUNTED_EVENT_KINDS,
+    ENQUEUED,
+    EVENT,
+    STEP_SECONDS,
+    STEP_SECONDS_BUCKETS,
+    bucket_label,
+)
 from .models import Counter as CounterRow
+from .models import Step, StepStatus, Task
 from .retention import PRUNED_COUNTER_PREFIX
-
-# Event kinds counted as tasks_events_total: the rare ones and the operator actions, each
-# set read from its own partial index.
-COUNTED_EVENT_KINDS = (*RARE_EVENT_KINDS, *sorted(OPERATOR_EVENT_KINDS))
 
 # --- reading ------------------------------------------------------------------------------------
 
@@ -135,25 +139,19 @@ def history() -> Iterator[Metric]:
         claims.add_metric([queue], n)
     yield claims
 
-    stored = dict(
-        Event.objects.filter(kind__in=RARE_EVENT_KINDS)
-        .values_list("kind")
-        .annotate(n=Count("*"))
-        .order_by()
-    )
-    stored.update(
-        Event.objects.filter(kind__in=sorted(OPERATOR_EVENT_KINDS))
-        .values_list("kind")
-        .annotate(n=Count("*"))
-        .order_by()
-    )
-    pruned = _labelled(totals, PRUNED_COUNTER_PREFIX)
+    counted = _labelled(totals, f"{EVENT}:")
     events = CounterMetricFamily(
         "tasks_events", "Rare transitions and operator actions, by event kind.", labels=["kind"]
     )
-    for kind in COUNTED_EVENT_KINDS:
-        events.add_metric([str(kind)], stored.get(kind, 0) + pruned.get(str(kind), 0))
-    yield events
+    pruned = _labelled(totals, PRUNED_COUNTER_PREFIX)
+    events_pruned = CounterMetricFamily(
+        "tasks_events_pruned", "Events retention deleted, by event kind.", labels=["kind"]
+    )
+    for counted_kind in COUNTED_EVENT_KINDS:
+        events.add_metric([str(counted_kind)], counted.get(str(counted_kind), 0))
+    for pruned_kind, n in sorted(pruned.items()):
+        events_pruned.add_metric([pruned_kind], n)
+    yield from (events, events_pruned)
 
     buckets = _labelled(totals, f"{STEP_SECONDS}:le=")
     cumulative, upto = [], 0

@@ -307,8 +307,7 @@ OPERATOR_EVENT_KINDS = frozenset(
 )
 
 
-# Transitions that need a look when they happen: counted per time window by the overview
-# and in all by the metrics, from an index of their own (event_trouble_idx).
+# Transitions that need a look when they happen (the metrics count them).
 RARE_EVENT_KINDS = (
     EventKind.RETRY_SCHEDULED,
     EventKind.DEAD_LETTERED,
@@ -361,25 +360,22 @@ class Event(models.Model):
             models.Index(fields=["task_id", "id"], name="event_task_idx"),
             # The audit log: operator actions by time and by actor. Partial, so the many
             # worker events (claimed, succeeded, ...) pay for neither index.
-            # It carries the kind, so the metrics count operator actions by kind from it.
             models.Index(
                 fields=["created_at"],
                 name="event_audit_created_idx",
                 condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
-                include=["kind"],
             ),
             models.Index(
                 fields=["actor", "created_at"],
                 name="event_audit_actor_idx",
                 condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
             ),
-            # The overview's retries, dead letters and lease expiries of the last hour, and
-            # the metrics' count of each rare kind (answered from the index alone): rare
-            # kinds, so the index stays small beside the many routine events.
+            # The overview's retries, dead letters and lease expiries of the last hour:
+            # rare kinds, so the index stays small beside the many routine events.
             models.Index(
-                fields=["kind", "created_at"],
+                fields=["created_at"],
                 name="event_trouble_idx",
-                condition=Q(kind__in=sorted(RARE_EVENT_KINDS)),
+                condition=Q(kind__in=["dead_lettered", "lease_expired", "retry_scheduled"]),
             ),
         ]
 

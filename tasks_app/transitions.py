@@ -15,7 +15,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import oplog
+from . import counting, oplog
 from .access import Actor, actor_fields
 from .effects import Effects
 from .history import derive_task_status
@@ -88,6 +88,8 @@ def record_event(
         reason=reason,
         data=data,
     )
+    if kind in counting.COUNTED_EVENT_KINDS:
+        counting.add({f"{counting.EVENT}:{kind}": 1})
     oplog.log_event(event, task=task, steps=changed)
     return event
 

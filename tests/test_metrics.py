@@ -126,6 +126,27 @@ def test_the_step_duration_histogram_puts_each_run_in_its_bucket(client: Client,
 
 
 @pytest.mark.django_db
+def test_a_cancel_that_lands_while_the_step_runs_is_counted_once(
+    client: Client, path: str
+) -> None:
+    task = services.enqueue("demo.noop", {}).task
+    claim = services.claim_step(only_step(task).pk, worker_id="box:1")
+    assert claim is not None
+    services.cancel(task, actor="cli:oncall", reason="not wanted")
+    # The step's late success settles the task as cancelled (the hot path's statement
+    # writes that event itself).
+    if path == "sql":
+        batch.complete_many([(claim, {})])
+    else:
+        services.complete_step(claim, {})
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.CANCELLED
+
+    samples = scrape(client)
+    assert value(samples, "tasks_events_total", kind="cancel_requested") == 1
+    assert value(samples, "tasks_events_total", kind="cancelled") == 1
+
+
+@pytest.mark.django_db
 def test_nothing_is_counted_for_an_enqueue_that_rolled_back(client: Client, path: str) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         services.enqueue("demo.noop", {})
@@ -151,6 +172,8 @@ def test_the_event_counters_do_not_go_down_when_retention_prunes_history(
 
     assert value(before, "tasks_events_total", kind="retry_scheduled") == 1
     assert value(after, "tasks_events_total", kind="retry_scheduled") == 1
+    assert value(before, "tasks_events_pruned_total", kind="retry_scheduled") == 0
+    assert value(after, "tasks_events_pruned_total", kind="retry_scheduled") == 1
     assert value(after, "tasks_claims_total", queue="default") == 2
 
 
