@@ -126,9 +126,7 @@ def test_the_step_duration_histogram_puts_each_run_in_its_bucket(client: Client,
 
 
 @pytest.mark.django_db
-def test_a_cancel_that_lands_while_the_step_runs_is_counted_once(
-    client: Client, path: str
-) -> None:
+def test_a_cancel_that_lands_while_the_step_runs_is_counted_once(client: Client, path: str) -> None:
     task = services.enqueue("demo.noop", {}).task
     claim = services.claim_step(only_step(task).pk, worker_id="box:1")
     assert claim is not None

@@ -5,28 +5,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tasks_app', '0009_heartbeat'),
+        ("tasks_app", "0009_heartbeat"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='task',
-            name='task_active_status_idx',
+            model_name="task",
+            name="task_active_status_idx",
         ),
         migrations.AlterField(
-            model_name='counter',
-            name='name',
+            model_name="counter",
+            name="name",
             field=models.CharField(max_length=200, primary_key=True, serialize=False),
         ),
         migrations.AddIndex(
-            model_name='step',
-            index=models.Index(condition=models.Q(('status', 'dead')), fields=['queue', 'error_class'], name='step_dead_idx'),
+            model_name="step",
+            index=models.Index(
+                condition=models.Q(("status", "dead")),
+                fields=["queue", "error_class"],
+                name="step_dead_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='task',
-            index=models.Index(condition=models.Q(('status__in', ['pending', 'running', 'waiting_approval', 'dead'])), fields=['status', 'created_at'], include=('workflow',), name='task_active_status_idx'),
+            model_name="task",
+            index=models.Index(
+                condition=models.Q(
+                    ("status__in", ["pending", "running", "waiting_approval", "dead"])
+                ),
+                fields=["status", "created_at"],
+                include=("workflow",),
+                name="task_active_status_idx",
+            ),
         ),
     ]
