@@ -27,9 +27,10 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils.crypto import constant_time_compare
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
+
+from .bearer import bears
 
 
 @dataclass
@@ -71,15 +72,11 @@ publishing = FakeRemote("publish", honours_idempotency_key=True)
 mail = FakeRemote("mail", honours_idempotency_key=False)
 
 
-def _has_token(request: HttpRequest) -> bool:
-    token = settings.FAKE_REMOTES_TOKEN
-    given = request.headers.get("Authorization", "")
-    return bool(token) and constant_time_compare(given, f"Bearer {token}")
-
-
 def _serve(remote: FakeRemote, request: HttpRequest) -> HttpResponse:
     reading = request.method == "GET"
-    if not (_has_token(request) or (reading and request.user.is_authenticated)):
+    if not (
+        bears(request, settings.FAKE_REMOTES_TOKEN) or (reading and request.user.is_authenticated)
+    ):
         refusal = JsonResponse(
             {
                 "error": "log in to read what this fake applied"

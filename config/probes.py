@@ -11,10 +11,11 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils.crypto import constant_time_compare
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tasks_app import health, metrics
+
+from .bearer import bears
 
 PROBES: dict[str, Callable[[], tuple[dict[str, Any], int]]] = {
     "/healthz": health.alive,
@@ -23,9 +24,7 @@ PROBES: dict[str, Callable[[], tuple[dict[str, Any], int]]] = {
 
 
 def may_scrape(request: HttpRequest) -> bool:
-    token = settings.METRICS_TOKEN
-    given = request.headers.get("Authorization", "")
-    if token and constant_time_compare(given, f"Bearer {token}"):
+    if bears(request, settings.METRICS_TOKEN):
         return True
     try:
         address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))

@@ -83,8 +83,7 @@ def overview(request: ConsoleRequest) -> HttpResponse:
         "o": summary,
         "chart": charts.throughput_chart(summary.throughput),
         "workers": workers,
-        "workers_live": sum(worker.state == "live" for worker in workers),
-        "workers_silent": sum(worker.state == "silent" for worker in workers),
+        "workers_by_state": presence.by_state(workers),
     }
     return render_page(request, "console/overview.html", context, partial="overview")
 

@@ -102,7 +102,7 @@ def work_now() -> Iterator[Metric]:
     yield from (due, lag, paused, running)
 
     workers = _gauge("tasks_workers", "Worker nodes seen in the last day, by state.", ["state"])
-    states = collections.Counter(worker.state for worker in presence.workers())
+    states = presence.by_state(presence.workers())
     for state in ("live", "silent", "stopped"):
         workers.add_metric([state], states[state])
     yield workers

@@ -9,11 +9,11 @@ sweeper reports after every sweep, which is what readiness asks about.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -128,7 +128,7 @@ def workers() -> list[WorkerRow]:
     now = db_now()
     rows = list(Heartbeat.objects.filter(role=Heartbeat.Role.WORKER, seen_at__gte=now - LISTED_FOR))
     # A running step's lease is the one with its current token; the lease names the process.
-    holders = Counter(
+    holders = collections.Counter(
         Lease.objects.filter(
             step__status=StepStatus.RUNNING, token=F("step__fencing_token"), released_at=None
         ).values_list("worker_id", flat=True)
@@ -149,6 +149,11 @@ def workers() -> list[WorkerRow]:
     ]
     order = {"live": 0, "silent": 1, "stopped": 2}
     return sorted(listed, key=lambda row: (order[row.state], row.name))
+
+
+def by_state(rows: Iterable[WorkerRow]) -> collections.Counter[str]:
+    """How many of ``rows`` are live, silent and stopped."""
+    return collections.Counter(row.state for row in rows)
 
 
 # --- the worker's side ------------------------------------------------------------------------

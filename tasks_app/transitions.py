@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db import connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, Q
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -21,7 +21,6 @@ from .effects import Effects
 from .history import derive_task_status
 from .models import (
     TERMINAL_TASK_STATUSES,
-    Counter,
     Event,
     Lease,
     QueueState,
@@ -132,13 +131,7 @@ def bump_counter(name: str, by: int = 1) -> None:
     if by <= 0:
         return
     with transaction.atomic():
-        if Counter.objects.filter(name=name).update(value=F("value") + by):
-            return
-        try:
-            with transaction.atomic():
-                Counter.objects.create(name=name, value=by)
-        except IntegrityError:
-            Counter.objects.filter(name=name).update(value=F("value") + by)
+        counting.upsert({name: by})
 
 
 def current_steps(task: Task) -> list[Step]:
