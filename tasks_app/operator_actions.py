@@ -4,6 +4,7 @@ queue. Each checks the actor's permission and records who did it and why."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,8 +18,9 @@ from .access import Actor, actor_fields, check_permission
 from .approval_steps import open_approval_step
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import InvalidInput, InvalidTransition
-from .models import TERMINAL_TASK_STATUSES, Effect, EventKind, QueueState, Step, StepStatus, Task
+from .models import Effect, EventKind, QueueState, Step, StepStatus, Task
 from .signals import steps_cancelled
+from .task_actions import ACTIONS, Action, refusal
 from .transitions import (
     after_success,
     cancel_steps,
@@ -60,12 +62,28 @@ CANCELLABLE = (
 )
 
 
-def _dead_steps(task: Task) -> list[Step]:
-    return list(task.steps.select_for_update().filter(status=StepStatus.DEAD).order_by("position"))
+def _dead_steps(task: Task, action: Action) -> list[Step]:
+    """The task's dead steps, locked, once the action is known to apply (else
+    :class:`InvalidTransition` saying why)."""
+    dead = list(task.steps.select_for_update().filter(status=StepStatus.DEAD).order_by("position"))
+    why = refusal(action, task, dead[0] if dead else None)
+    if why is not None:
+        raise InvalidTransition(why)
+    return dead
+
+
+def _plan_data(plan: str | None) -> dict[str, Any]:
+    """What an event of a bulk action records of it: the plan's id, which groups its events."""
+    return {} if plan is None else {"plan": plan}
 
 
 def redrive(
-    task: Task, *, actor: Actor, reason: str, payload: dict[str, Any] | None = None
+    task: Task,
+    *,
+    actor: Actor,
+    reason: str,
+    payload: dict[str, Any] | None = None,
+    plan: str | None = None,
 ) -> Task:
     """Make a dead task runnable again: fresh attempt budget, same step key, rising token."""
     check_permission(actor, "redrive_task")
@@ -77,15 +95,13 @@ def redrive(
         flow.check_payload(payload)
     with transaction.atomic():
         locked = lock_task(task.pk)
-        dead = _dead_steps(locked)
-        if not dead:
-            raise InvalidTransition(f"task #{task.pk} has no dead step to redrive")
+        dead = _dead_steps(locked, Action.REDRIVE)
         now = db_now()
         for step in dead:
             _run_again(step, now)
-        data: dict[str, Any] = {}
+        data: dict[str, Any] = _plan_data(plan)
         if canonical is not None:
-            data = {"old_payload": locked.payload, "new_payload": json.loads(canonical)}
+            data.update(old_payload=locked.payload, new_payload=json.loads(canonical))
             locked.payload = data["new_payload"]
             locked.save(update_fields=["payload", "updated_at"])
         settle_and_record(
@@ -100,7 +116,9 @@ def redrive(
     return locked
 
 
-def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
+def resolve(
+    task: Task, *, actor: Actor, reason: str, outcome: str, plan: str | None = None
+) -> Task:
     """A person settles a dead step: ``done`` (it happened) or ``retry`` (it did not)."""
     check_permission(actor, "resolve_task")
     reason = validation.require_text(reason, "reason")
@@ -109,15 +127,7 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
     name, _ = actor_fields(actor)
     with transaction.atomic():
         locked = lock_task(task.pk)
-        dead = _dead_steps(locked)
-        if not dead:
-            raise InvalidTransition(f"task #{task.pk} has no dead step to resolve")
-        step = dead[0]
-        if outcome == "done" and is_approval(locked, step.position):
-            raise InvalidTransition(
-                f"step {step.kind} of task #{task.pk} is an approval: only a person's "
-                "decision lets the task past it (redrive it for a new request, or cancel)"
-            )
+        step = _dead_steps(locked, Action(f"resolve_{outcome}"))[0]
         now = db_now()
         started = Effect.objects.filter(step=step, status=Effect.Status.STARTED)
         changed = [step]
@@ -146,22 +156,22 @@ def resolve(task: Task, *, actor: Actor, reason: str, outcome: str) -> Task:
             reason=reason,
             steps=changed,
             outcome=outcome,
+            **_plan_data(plan),
         )
         _ring_or_open(locked, [*due, *([reached] if reached else [])], actor=actor)
     return locked
 
 
-def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
+def cancel(task: Task, *, actor: Actor, reason: str, plan: str | None = None) -> Task:
     """Cancel what has not run; ask a running step to stop. Its late result does not
     revive the task, and completed side effects are not undone."""
     check_permission(actor, "cancel_task")
     reason = validation.require_text(reason, "reason")
     with transaction.atomic():
         locked = lock_task(task.pk)
-        if locked.status in TERMINAL_TASK_STATUSES:
-            raise InvalidTransition(f"task #{task.pk} already {locked.status}")
-        if locked.cancel_requested_at is not None:
-            raise InvalidTransition(f"task #{task.pk} is already being cancelled")
+        why = refusal(Action.CANCEL, locked, None)
+        if why is not None:
+            raise InvalidTransition(why)
         now = db_now()
         steps = cancel_steps(locked, CANCELLABLE, now)
         steps_cancelled.send(sender=Task, task=locked, steps=steps, actor=actor, reason=reason)
@@ -175,6 +185,7 @@ def cancel(task: Task, *, actor: Actor, reason: str) -> Task:
             actor=actor,
             reason=reason,
             steps=steps,
+            **_plan_data(plan),
         )
     return locked
 
@@ -236,37 +247,59 @@ class BulkReport:
     skipped: list[tuple[int, str]]
     # More tasks matched than the limit allowed; they were left alone.
     limited: bool
+    # The id every event of this bulk action carries (``data.plan``).
+    plan: str = ""
 
 
-BULK_ACTIONS: dict[str, tuple[str, Callable[..., Task]]] = {
-    "redrive": ("redrive_task", lambda task, **kw: redrive(task, **kw)),
-    "resolve_done": ("resolve_task", lambda task, **kw: resolve(task, outcome="done", **kw)),
-    "resolve_retry": ("resolve_task", lambda task, **kw: resolve(task, outcome="retry", **kw)),
-    "cancel": ("cancel_task", lambda task, **kw: cancel(task, **kw)),
+BULK_ACTIONS: dict[str, Callable[..., Task]] = {
+    Action.REDRIVE: lambda task, **kw: redrive(task, **kw),
+    Action.RESOLVE_DONE: lambda task, **kw: resolve(task, outcome="done", **kw),
+    Action.RESOLVE_RETRY: lambda task, **kw: resolve(task, outcome="retry", **kw),
+    Action.CANCEL: lambda task, **kw: cancel(task, **kw),
 }
 
 
-def act_on_tasks(
-    tasks: Iterable[Task], *, action: str, actor: Actor, reason: str, limit: int
-) -> BulkReport:
-    """Apply one operator action (redrive, resolve, cancel) to each of ``tasks`` (at most
-    ``limit``), each in its own transaction with its own Event, as if done one by one: the
-    console's bulk form on dead letters and the management commands both come here.
+def new_plan_id() -> str:
+    return uuid.uuid4().hex[:16]
 
-    The action, the permission, the reason and the limit are checked before anything
-    changes (given no tasks, that check is all it does); a task the action does not apply
-    to (not dead, already finished, or changed by someone else meanwhile) is skipped and
-    reported, not an error for the rest.
-    """
+
+def check_bulk(action: str, *, actor: Actor, reason: str, limit: int) -> str:
+    """The checks of a bulk action made before anything is read or changed: the action,
+    the permission, the reason and the limit. Returns the reason, stripped."""
     if action not in BULK_ACTIONS:
         raise InvalidInput("action", "choice", f"action: one of {', '.join(BULK_ACTIONS)}")
-    permission, run = BULK_ACTIONS[action]
-    check_permission(actor, permission)
+    check_permission(actor, ACTIONS[action].permission)
     reason = validation.require_text(reason, "reason")
     if not 1 <= limit <= settings.CONSOLE_BULK_LIMIT:
         raise InvalidInput(
             "limit", "range", f"limit: from 1 to {settings.CONSOLE_BULK_LIMIT} tasks per action"
         )
+    return reason
+
+
+def act_on_tasks(
+    tasks: Iterable[Task],
+    *,
+    action: str,
+    actor: Actor,
+    reason: str,
+    limit: int,
+    plan: str | None = None,
+) -> BulkReport:
+    """Apply one operator action (redrive, resolve, cancel) to each of ``tasks`` (at most
+    ``limit``), each in its own transaction with its own Event, as if done one by one: the
+    console's bulk form on dead letters, the admin's actions and the management commands
+    all come here.
+
+    The action, the permission, the reason and the limit are checked before anything
+    changes (given no tasks, that check is all it does); a task the action does not apply
+    to (not dead, already finished, or changed by someone else meanwhile) is skipped and
+    reported, not an error for the rest. Every event carries the plan's id (a new one
+    unless given), so the audit log can show the action as one.
+    """
+    reason = check_bulk(action, actor=actor, reason=reason, limit=limit)
+    run = BULK_ACTIONS[action]
+    plan = plan or new_plan_id()
     changed: list[int] = []
     skipped: list[tuple[int, str]] = []
     limited = False
@@ -275,12 +308,12 @@ def act_on_tasks(
             limited = True
             break
         try:
-            run(task, actor=actor, reason=reason)
+            run(task, actor=actor, reason=reason, plan=plan)
         except InvalidTransition as exc:
             skipped.append((task.pk, str(exc)))
         else:
             changed.append(task.pk)
-    return BulkReport(action, changed, skipped, limited)
+    return BulkReport(action, changed, skipped, limited, plan)
 
 
 # The name the console's dead-letters view calls it by.

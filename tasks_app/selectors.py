@@ -9,7 +9,7 @@ kinds), never over the whole history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,9 +17,8 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from .exceptions import OutcomeUnknown, error_class
+from . import task_actions as task_actions_rule
 from .models import (
-    TERMINAL_TASK_STATUSES,
     Event,
     EventKind,
     Lease,
@@ -29,7 +28,8 @@ from .models import (
     Task,
     TaskStatus,
 )
-from .transitions import db_now, is_approval
+from .task_actions import Action
+from .transitions import db_now
 
 # --- the overview -----------------------------------------------------------------------------
 
@@ -211,10 +211,6 @@ class StepRow:
     current_lease: Lease | None
 
 
-# What a step that died of an unknown outcome records as its error class.
-OUTCOME_UNKNOWN = error_class(OutcomeUnknown())
-
-
 @dataclass(frozen=True)
 class TaskDetail:
     task: Task
@@ -223,47 +219,52 @@ class TaskDetail:
     now: datetime
     # The first dead step (the one redrive and resolve act on), if any.
     dead_step: Step | None = None
-    approval_positions: frozenset[int] = field(default_factory=frozenset)
 
     @property
     def outcome_unknown(self) -> bool:
-        return self.dead_step is not None and self.dead_step.error_class == OUTCOME_UNKNOWN
-
-    @property
-    def dead_step_is_approval(self) -> bool:
-        return self.dead_step is not None and self.dead_step.position in self.approval_positions
+        return self.dead_step is not None and task_actions_rule.is_outcome_unknown(self.dead_step)
 
 
 @dataclass(frozen=True)
 class TaskActions:
-    """What a viewer may do to a task now: its state allows it and they hold the
-    permission (the services check both again on every POST)."""
+    """What a viewer may do to a task now: the rule of :mod:`tasks_app.task_actions`
+    allows it and they hold its permission (the services check both again on every POST)."""
 
-    redrive: bool
-    resolve: bool
-    cancel: bool
+    allowed: frozenset[str]
+
+    @property
+    def redrive(self) -> bool:
+        return Action.REDRIVE in self.allowed
+
+    @property
+    def resolve_done(self) -> bool:
+        return Action.RESOLVE_DONE in self.allowed
+
+    @property
+    def resolve_retry(self) -> bool:
+        return Action.RESOLVE_RETRY in self.allowed
+
+    @property
+    def resolve(self) -> bool:
+        return self.resolve_done or self.resolve_retry
+
+    @property
+    def cancel(self) -> bool:
+        return Action.CANCEL in self.allowed
 
     @property
     def any(self) -> bool:
-        return self.redrive or self.resolve or self.cancel
+        return bool(self.allowed)
 
 
 def task_actions(detail: TaskDetail, user: Any) -> TaskActions:
-    task = detail.task
-    dead = task.status == TaskStatus.DEAD
+    allowed = task_actions_rule.allowed(detail.task, detail.dead_step)
     return TaskActions(
-        # A redrive of a step whose outcome is unknown would find its started effect again
-        # and die again without calling: only a person's answer (resolve) moves it on.
-        redrive=dead and not detail.outcome_unknown and user.has_perm("tasks_app.redrive_task"),
-        # Resolving by hand is for a step nobody knows the outcome of; an approval step is
-        # never resolved as done (only a decision lets a task past it).
-        resolve=dead
-        and detail.outcome_unknown
-        and not detail.dead_step_is_approval
-        and user.has_perm("tasks_app.resolve_task"),
-        cancel=task.status not in TERMINAL_TASK_STATUSES
-        and task.cancel_requested_at is None
-        and user.has_perm("tasks_app.cancel_task"),
+        frozenset(
+            action
+            for action in allowed
+            if user.has_perm(f"tasks_app.{task_actions_rule.ACTIONS[action].permission}")
+        )
     )
 
 
@@ -284,7 +285,4 @@ def task_detail(task: Task) -> TaskDetail:
         events=list(Event.objects.for_task(task.pk)),
         now=db_now(),
         dead_step=dead,
-        approval_positions=frozenset(
-            step.position for step in steps if is_approval(task, step.position)
-        ),
     )

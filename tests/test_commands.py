@@ -35,6 +35,7 @@ from tests.e2e_support import PYTHON, ROOT, database_url
 
 OS_USER = f"cli:{getpass.getuser()}"
 UNKNOWN = "tasks_app.exceptions.OutcomeUnknown"
+PERMANENT = "tasks_app.exceptions.PermanentError"
 
 
 def run(*args: Any, **options: Any) -> str:
@@ -241,11 +242,11 @@ def test_cancel_by_id_cancels_pending_and_dead_tasks(db: None) -> None:
 def test_redrive_by_filter_acts_on_the_matching_dead_tasks_only(db: None) -> None:
     permanent, unknown, done, pending = dead_task(), unknown_outcome(), succeeded(), noop()
 
-    out = run("redrive", "--error-class", UNKNOWN, "--reason", "remote is back")
+    out = run("redrive", "--error-class", PERMANENT, "--reason", "remote is back")
 
-    assert lines(out) == ["redrive: 1 changed, 0 skipped", f"changed: {unknown.pk}"]
-    assert status_of(unknown) == TaskStatus.PENDING
-    assert status_of(permanent) == TaskStatus.DEAD
+    assert lines(out) == ["redrive: 1 changed, 0 skipped", f"changed: {permanent.pk}"]
+    assert status_of(permanent) == TaskStatus.PENDING
+    assert status_of(unknown) == TaskStatus.DEAD
     assert (status_of(done), status_of(pending)) == (TaskStatus.SUCCEEDED, TaskStatus.PENDING)
 
 

@@ -42,6 +42,25 @@ def _dead_flaky(payload: dict[str, Any] | None = None, key: str = "flaky:report-
     return task
 
 
+def _dead_unknown(key: str = "flaky:report-1") -> Task:
+    """A demo.flaky task whose step died at its first claim not knowing whether its call
+    happened (the only kind of dead step a resolve applies to)."""
+    task = _flaky({"error": "outcome_unknown", "fail_first": 1}, key)
+    step = only_step(task)
+    _run(step)
+    assert (step.status, step.error_class) == (StepStatus.DEAD, OUTCOME_UNKNOWN)
+    task.refresh_from_db()
+    return task
+
+
+OUTCOME_UNKNOWN = "tasks_app.exceptions.OutcomeUnknown"
+
+
+def _dead_for(action: str) -> Task:
+    """A dead task the action applies to."""
+    return _dead_unknown() if action == "resolve" else _dead_flaky()
+
+
 def _kinds(task: Task) -> list[str]:
     return list(Event.objects.for_task(task.pk).values_list("kind", flat=True))
 
@@ -224,8 +243,12 @@ def test_resolve_needs_a_dead_step(db: None, oncall: User) -> None:
     assert _snapshot(task) == before
 
 
-def test_resolving_a_dead_task_as_done_succeeds_it_with_a_note(db: None, oncall: User) -> None:
-    task = _dead_flaky()
+@pytest.mark.parametrize("dead", [_dead_unknown, _dead_flaky])
+def test_resolving_a_dead_task_as_done_succeeds_it_with_a_note(
+    db: None, oncall: User, dead: Callable[[], Task]
+) -> None:
+    # Whether the call happened or a person did the work by hand.
+    task = dead()
 
     services.resolve(task, actor=oncall, reason="report sent by hand", outcome="done")
 
@@ -240,14 +263,35 @@ def test_resolving_a_dead_task_as_done_succeeds_it_with_a_note(db: None, oncall:
 
 
 def test_resolving_a_dead_task_as_retry_gives_it_a_fresh_budget(db: None, oncall: User) -> None:
-    task = _dead_flaky({"fail_first": 3})
+    task = _dead_unknown()
 
     services.resolve(task, actor=oncall, reason="try once more", outcome="retry")
 
     step = only_step(task)
-    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.PENDING, 0, 3)
+    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.PENDING, 0, 1)
     _run(step)
-    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.SUCCEEDED, 1, 4)
+    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.SUCCEEDED, 1, 2)
+
+
+def test_running_again_refuses_a_step_whose_outcome_is_known(db: None, oncall: User) -> None:
+    task = _dead_flaky()
+    before = _snapshot(task)
+
+    with pytest.raises(InvalidTransition, match="known outcome .*: redrive it"):
+        services.resolve(task, actor=oncall, reason="checked", outcome="retry")
+
+    assert _snapshot(task) == before
+
+
+def test_redrive_refuses_a_step_whose_outcome_is_unknown(db: None, oncall: User) -> None:
+    # Its started call would be found again and the step would stop again without calling.
+    task = _dead_unknown()
+    before = _snapshot(task)
+
+    with pytest.raises(InvalidTransition, match="unknown outcome.*resolve it instead"):
+        services.redrive(task, actor=oncall, reason="try again")
+
+    assert _snapshot(task) == before
 
 
 # --- cancel ------------------------------------------------------------------------------------
@@ -459,7 +503,7 @@ EVENT_OF = {"redrive": "redriven", "resolve": "resolved", "cancel": "cancelled"}
 def test_a_user_without_the_permission_is_refused_and_nothing_changes(
     db: None, outsider: User, auditor: User, action: str
 ) -> None:
-    task = _dead_flaky()
+    task = _dead_for(action)
     before = _snapshot(task)
 
     for actor in (outsider, auditor, AnonymousUser()):
@@ -480,7 +524,7 @@ def test_each_action_checks_its_own_permission(db: None, outsider: User, action:
     others = [name for name in ON_CALL_PERMISSIONS if name != PERMISSION_OF[action]]
     outsider.user_permissions.add(*Permission.objects.filter(codename__in=others))
     user = User.objects.get(pk=outsider.pk)  # a fresh permission cache
-    task = _dead_flaky()
+    task = _dead_for(action)
     before = _snapshot(task)
 
     with pytest.raises(NotPermitted, match=PERMISSION_OF[action]):
@@ -498,7 +542,7 @@ def test_on_call_engineers_and_superusers_may_act_and_are_recorded(
     db: None, request: pytest.FixtureRequest, action: str, persona: str
 ) -> None:
     user: User = request.getfixturevalue(persona)
-    task = _dead_flaky()
+    task = _dead_for(action)
 
     ACTIONS[action](task, user)
 
@@ -511,7 +555,7 @@ def test_on_call_engineers_and_superusers_may_act_and_are_recorded(
 
 @pytest.mark.parametrize("action", ACTIONS)
 def test_string_actors_are_trusted_callers(db: None, action: str) -> None:
-    task = _dead_flaky()
+    task = _dead_for(action)
 
     ACTIONS[action](task, "cli:alice")
 

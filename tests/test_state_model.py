@@ -294,15 +294,19 @@ class StateModel(RuleBasedStateMachine):
             self.pause_or_resume()
             return
         task = self.fresh(index) if anyone else self.target(index, action)
-        has_dead = task.steps.filter(status=StepStatus.DEAD).exists()
+        dead = task.steps.filter(status=StepStatus.DEAD).order_by("position").first()
+        unknown = dead is not None and dead.error_class == "tasks_app.exceptions.OutcomeUnknown"
         if action == "cancel":
             refused = task.status in TERMINAL_TASK_STATUSES or task.cancel_requested_at is not None
         elif action == "resolve_done":
             # Only a person's decision lets a task past an approval step.
-            dead = task.steps.filter(status=StepStatus.DEAD).order_by("position").first()
             refused = dead is None or dead.kind == "editor_review"
+        elif action == "resolve_retry":
+            # Calling again without the started call is for an unknown outcome only.
+            refused = not unknown
         else:
-            refused = not has_dead
+            # A redrive of an unknown outcome would stop again without calling.
+            refused = dead is None or unknown
         try:
             if action == "redrive":
                 services.redrive(task, actor=OPERATOR, reason="run it again")
