@@ -277,7 +277,7 @@ def test_running_again_refuses_a_step_whose_outcome_is_known(db: None, oncall: U
     task = _dead_flaky()
     before = _snapshot(task)
 
-    with pytest.raises(InvalidTransition, match="known outcome .*: redrive it"):
+    with pytest.raises(InvalidTransition, match=r"known outcome .*: redrive it"):
         services.resolve(task, actor=oncall, reason="checked", outcome="retry")
 
     assert _snapshot(task) == before
@@ -288,7 +288,7 @@ def test_redrive_refuses_a_step_whose_outcome_is_unknown(db: None, oncall: User)
     task = _dead_unknown()
     before = _snapshot(task)
 
-    with pytest.raises(InvalidTransition, match="unknown outcome.*resolve it instead"):
+    with pytest.raises(InvalidTransition, match=r"unknown outcome.*resolve it instead"):
         services.redrive(task, actor=oncall, reason="try again")
 
     assert _snapshot(task) == before
