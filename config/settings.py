@@ -128,6 +128,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A refused or missing object answers with the console's page, DEBUG or not.
+    "console.errors.RefusalMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -408,6 +410,8 @@ CONSOLE_REDACT_KEYS = env_list(
 TASKS_LOG_REDACT_KEYS = env_list("TASKS_LOG_REDACT_KEYS", CONSOLE_REDACT_KEYS)
 # The most tasks one bulk action on dead letters may change.
 CONSOLE_BULK_LIMIT = env_int("CONSOLE_BULK_LIMIT", 1000)
+# How long a bulk action's preview (its plan) may be confirmed.
+CONSOLE_BULK_PLAN_SECONDS = env_int("CONSOLE_BULK_PLAN_SECONDS", 900)
 CONSOLE_PAGE_SIZE = env_int("CONSOLE_PAGE_SIZE", 50)
 # Failed logins: after this many for one username or one address within the window, the
 # login form refuses further tries until the window has passed.

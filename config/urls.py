@@ -6,6 +6,11 @@ from django.urls import URLPattern, URLResolver, include, path
 
 from console import views as console_views
 
+handler400 = "console.errors.bad_request"
+handler403 = "console.errors.permission_denied"
+handler404 = "console.errors.page_not_found"
+handler500 = "console.errors.server_error"
+
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("accounts/login/", console_views.login, name="login"),

@@ -19,8 +19,11 @@ from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 
+from tasks_app import validation
+from tasks_app.exceptions import InvalidInput
 from tasks_app.lists import AuditFilter, DeadFilter, TaskFilter, workflow_names
 from tasks_app.models import EventKind, TaskStatus
+from tasks_app.task_actions import ACTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,18 @@ def _set_choices(form: forms.Form, **choices: list[str]) -> None:
         field = form.fields[name]
         assert isinstance(field, forms.ChoiceField)
         field.choices = _choices(values)
+
+
+def parse_json(text: str, field: str) -> Any:
+    """``text`` parsed as JSON, or a form error naming ``field`` and the rule."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise forms.ValidationError(
+            f"{field}: nesting deeper than {validation.MAX_DEPTH} levels"
+        ) from None
+    except ValueError as exc:
+        raise forms.ValidationError(f"{field}: not valid JSON ({exc})") from None
 
 
 class _Filter(forms.Form):
@@ -73,9 +88,15 @@ class TaskFilterForm(_Filter):
         if not sep or not path or any(not part for part in path.split(".")):
             raise forms.ValidationError("payload: write FIELD=VALUE (a dotted path for nesting)")
         try:
-            value = json.loads(text)
-        except ValueError:
+            value = parse_json(text, "payload")
+        except forms.ValidationError:
             value = text
+        try:
+            # The rules of a payload: no \u0000, no lone surrogate, no NaN or Infinity,
+            # no float out of range, not too deep.
+            validation.validate_payload({path: value}, field="payload")
+        except InvalidInput as exc:
+            raise forms.ValidationError(str(exc)) from None
         return path, value
 
     def filters(self) -> TaskFilter:
@@ -159,10 +180,7 @@ class RedriveForm(ReasonForm):
         raw: str = self.cleaned_data["payload"].strip()
         if not raw:
             return None
-        try:
-            value = json.loads(raw)
-        except ValueError as exc:
-            raise forms.ValidationError(f"payload: not valid JSON ({exc})") from None
+        value = parse_json(raw, "payload")
         if not isinstance(value, dict):
             raise forms.ValidationError("payload: must be a JSON object")
         return value
@@ -174,21 +192,22 @@ class ResolveForm(ReasonForm):
     )
 
 
-BULK_ACTIONS = [
-    ("redrive", "Redrive"),
-    ("resolve_done", "Mark done"),
-    ("resolve_retry", "Run again"),
-    ("cancel", "Cancel task"),
-]
-
-
 class BulkForm(ReasonForm):
-    action = forms.ChoiceField(choices=BULK_ACTIONS)
+    """A bulk action on the dead letters a filter selects. Without ``confirm=1`` it only
+    previews; with it, it applies the signed ``plan`` its preview made."""
+
+    action = forms.ChoiceField(choices=[(spec.name.value, spec.label) for spec in ACTIONS.values()])
     limit = forms.IntegerField(min_value=1, required=False)
-    confirm = forms.BooleanField(required=False)
-    workflow = forms.CharField(required=False, max_length=100)
-    queue = forms.CharField(required=False, max_length=64)
+    # Only the literal "1" confirms; anything else ("0", "no", "true") previews.
+    confirm = forms.CharField(required=False, strip=False, widget=forms.HiddenInput)
+    plan = forms.CharField(required=False, max_length=100_000, widget=forms.HiddenInput)
+    workflow = forms.ChoiceField(required=False)
+    queue = forms.ChoiceField(required=False)
     error_class = forms.CharField(required=False, max_length=200)  # type: ignore[assignment]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _set_choices(self, workflow=workflow_names(), queue=list(settings.TASKS_QUEUES))
 
     def clean_limit(self) -> int:
         limit: int | None = self.cleaned_data.get("limit")
@@ -198,6 +217,10 @@ class BulkForm(ReasonForm):
         if limit > cap:
             raise forms.ValidationError(f"limit: at most {cap} tasks per action")
         return limit
+
+    @property
+    def confirmed(self) -> bool:
+        return self.cleaned_data.get("confirm") == "1"
 
     def filters(self) -> DeadFilter:
         return DeadFilter(

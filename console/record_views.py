@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from tasks_app import lists, presence, selectors, services
 from tasks_app.exceptions import InvalidInput, NotPermitted
 
-from . import forms
+from . import errors, forms
 from .views import (
     EXPORT_AUDIT,
     VIEW_AUDIT,
@@ -51,6 +51,7 @@ def _queue_action(request: ConsoleRequest, name: str, *, paused: bool) -> HttpRe
     try:
         switch(name, actor=request.user, reason=form.cleaned_data.get("reason", ""))
     except NotPermitted as exc:
+        errors.log_refusal(request, str(exc))
         return _queues_page(request, status=403, error=f"Not permitted: {exc}")
     except InvalidInput as exc:
         return _queues_page(request, status=400, error=f"Queue {name}: {exc}")
@@ -61,12 +62,20 @@ def _queue_action(request: ConsoleRequest, name: str, *, paused: bool) -> HttpRe
     return redirect("console:queues")
 
 
+# Reading the queues page and pausing its queues, before anything is parsed or shown.
+queue_switch = permission_required(
+    ["tasks_app.view_task", "tasks_app.pause_queue"], raise_exception=True
+)
+
+
 @require_POST
+@queue_switch
 def queue_pause(request: ConsoleRequest, name: str) -> HttpResponse:
     return _queue_action(request, name, paused=True)
 
 
 @require_POST
+@queue_switch
 def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
     return _queue_action(request, name, paused=False)
 

@@ -13,9 +13,10 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
+from approvals.services import DECIDE_PERMISSION
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 
-from . import forms
+from . import errors, forms
 from .views import (
     VIEW_APPROVALS,
     ConsoleRequest,
@@ -67,6 +68,7 @@ DECISIONS: dict[str, tuple[Callable[..., ApprovalRequest], str]] = {
 
 
 @require_POST
+@permission_required([VIEW_APPROVALS, DECIDE_PERMISSION], raise_exception=True)
 def decide(request: ConsoleRequest, pk: int) -> HttpResponse:
     approval = get_object_or_404(ApprovalRequest.objects.select_related("task", "step"), pk=pk)
     form = forms.DecisionForm(request.POST)
@@ -81,6 +83,7 @@ def decide(request: ConsoleRequest, pk: int) -> HttpResponse:
             draft_hash=form.cleaned_data["draft_hash"],
         )
     except NotPermitted as exc:
+        errors.log_refusal(request, str(exc))
         return _review_page(request, approval, form=form, status=403, error=f"Not permitted: {exc}")
     except InvalidInput as exc:
         form.add_error(form_field(form, exc), str(exc))

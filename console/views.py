@@ -12,6 +12,7 @@ refusals map to status codes here: :class:`NotPermitted` 403, :class:`InvalidInp
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required, permission_required
 from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.forms import Form
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -30,8 +32,10 @@ from django_htmx.middleware import HtmxDetails
 from tasks_app import lists, presence, selectors, services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Task
+from tasks_app.task_actions import ACTIONS, Action
 
-from . import charts, forms, presenters
+from . import charts, errors, forms, presenters
+from .plans import BulkPlan, PlanRefused
 
 
 class ConsoleRequest(HttpRequest):
@@ -95,10 +99,23 @@ def overview(request: ConsoleRequest) -> HttpResponse:
 @view_tasks
 def task_list(request: ConsoleRequest) -> HttpResponse:
     form = forms.TaskFilterForm(request.GET)
+    if not form.is_valid():
+        return filter_refused(request, form)
     page = lists.task_page(form.filters(), after=form.cursor())
     return render_page(
         request, "console/tasks.html", {"form": form, "page": page}, partial="results"
     )
+
+
+def filter_refused(request: ConsoleRequest, form: Form) -> HttpResponse:
+    """A filter that cannot be read is refused (400, naming the field and the rule), never
+    widened to everything."""
+    problems = "; ".join(
+        str(error) if str(error).startswith(f"{name}:") else f"{name}: {error}"
+        for name, errors in form.errors.items()
+        for error in errors
+    )
+    return errors.error_response(request, 400, f"The filter cannot be used: {problems}.")
 
 
 @require_GET
@@ -167,6 +184,7 @@ def _task_action(
     try:
         act(task, form.cleaned_data)
     except NotPermitted as exc:
+        errors.log_refusal(request, str(exc))
         return _task_page(request, task, status=403, error=f"Not permitted: {exc}")
     except InvalidInput as exc:
         form.add_error(form_field(form, exc), str(exc))
@@ -187,6 +205,8 @@ def form_field(form: Form, exc: InvalidInput) -> str | None:
 
 
 @require_POST
+@view_tasks
+@permission_required(f"tasks_app.{ACTIONS[Action.REDRIVE].permission}", raise_exception=True)
 def task_redrive(request: ConsoleRequest, pk: int) -> HttpResponse:
     form_name = "changes_form" if request.POST.get("payload", "").strip() else "redrive_form"
     return _task_action(
@@ -204,6 +224,8 @@ def task_redrive(request: ConsoleRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@view_tasks
+@permission_required(f"tasks_app.{ACTIONS[Action.RESOLVE_DONE].permission}", raise_exception=True)
 def task_resolve(request: ConsoleRequest, pk: int) -> HttpResponse:
     return _task_action(
         request,
@@ -217,6 +239,8 @@ def task_resolve(request: ConsoleRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@view_tasks
+@permission_required(f"tasks_app.{ACTIONS[Action.CANCEL].permission}", raise_exception=True)
 def task_cancel(request: ConsoleRequest, pk: int) -> HttpResponse:
     return _task_action(
         request,
@@ -239,6 +263,7 @@ def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, 
         "bulk_form": extra.pop("bulk_form", None)
         or forms.BulkForm(initial={**filters.__dict__, "limit": settings.CONSOLE_BULK_LIMIT}),
         "bulk_limit": settings.CONSOLE_BULK_LIMIT,
+        "filter_query": filter_form.filters_query(),
         **extra,
     }
 
@@ -246,43 +271,46 @@ def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, 
 @require_GET
 @view_tasks
 def dead_letters(request: ConsoleRequest) -> HttpResponse:
-    context = _dead_context(forms.DeadFilterForm(request.GET))
-    return render_page(request, "console/dead.html", context, partial="results")
+    form = forms.DeadFilterForm(request.GET)
+    if not form.is_valid():
+        return filter_refused(request, form)
+    # The filter swaps the list and the bulk form together (so they never disagree); the
+    # list alone reloads itself after a bulk action and pages on its own.
+    partial = "results" if request.htmx.target == "results" else "dead"
+    return render_page(request, "console/dead.html", _dead_context(form), partial=partial)
+
+
+BULK_PERMISSIONS = sorted({f"tasks_app.{spec.permission}" for spec in ACTIONS.values()})
 
 
 @require_POST
 @view_tasks
 def dead_bulk(request: ConsoleRequest) -> HttpResponse:
-    """Preview (without ``confirm``) or apply one action to every dead task matching the
-    filter, up to the limit."""
+    """Preview a bulk action as a plan (without ``confirm=1``), or apply the plan the
+    preview made (with it): the tasks it names that still qualify, and no others."""
+    if not any(request.user.has_perm(permission) for permission in BULK_PERMISSIONS):
+        raise PermissionDenied("acting on dead letters needs an on-call permission")
     form = forms.BulkForm(request.POST)
     filter_form = forms.DeadFilterForm(request.POST)
-    status, report, preview = 200, None, None
-    error = ""
-    if form.is_valid():
-        matching = lists.dead_tasks(form.filters()).order_by("id")
-        limit = form.cleaned_data["limit"]
-        if not form.cleaned_data["confirm"]:
-            preview = {"count": matching.count(), "limit": limit}
-        else:
-            try:
-                report = services.act_on_dead(
-                    matching[: limit + 1],
-                    action=form.cleaned_data["action"],
-                    actor=request.user,
-                    reason=form.cleaned_data["reason"],
-                    limit=limit,
-                )
-            except NotPermitted as exc:
-                status, error = 403, f"Not permitted: {exc}"
-            except InvalidInput as exc:
-                form.add_error(form_field(form, exc), str(exc))
-                status = 400
-    else:
+    status, report, plan, error = 200, None, None, ""
+    if not form.is_valid():
         status = 400
-    context = _dead_context(
-        filter_form, bulk_form=form, report=report, preview=preview, error=error
-    )
+    elif not form.confirmed:
+        plan = _plan(request, form)
+    else:
+        try:
+            report = _apply_plan(request, form)
+        except PlanRefused as exc:
+            status, error = 409, f"Nothing changed: {exc}. Preview again."
+        except NotPermitted as exc:
+            errors.log_refusal(request, str(exc))
+            status, error = 403, f"Not permitted: {exc}"
+        except InvalidInput as exc:
+            form.add_error(form_field(form, exc), str(exc))
+            status = 400
+            # The plan stays: fixing the reason needs no new preview.
+            plan = _posted_plan(request, form)
+    context = _dead_context(filter_form, bulk_form=form, report=report, plan=plan, error=error)
     if report is not None and not request.htmx:
         messages.success(request, _bulk_summary(report))
         return redirect(reverse("console:dead") + "?" + filter_form.filters_query())
@@ -293,8 +321,54 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
     return response
 
 
+def _plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
+    return BulkPlan.make(
+        action=form.cleaned_data["action"],
+        filters=form.filters(),
+        limit=form.cleaned_data["limit"],
+        user_id=_user_id(request),
+    )
+
+
+def _user_id(request: ConsoleRequest) -> int:
+    assert request.user.pk is not None  # the view's permission needs a logged-in user
+    return int(request.user.pk)
+
+
+def _posted_plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
+    """The plan the confirm carries, if it matches what the form asks now."""
+    plan = BulkPlan.load(form.cleaned_data["plan"], user_id=_user_id(request))
+    difference = plan.difference(
+        action=form.cleaned_data["action"],
+        filters=form.filters(),
+        limit=form.cleaned_data["limit"],
+    )
+    if difference is not None:
+        raise PlanRefused(f"{difference} since the preview")
+    return plan
+
+
+def _apply_plan(request: ConsoleRequest, form: forms.BulkForm) -> services.BulkReport:
+    plan = _posted_plan(request, form)
+    qualifying = plan.still_qualifying()
+    report = services.act_on_tasks(
+        Task.objects.filter(pk__in=qualifying).order_by("id"),
+        action=plan.action,
+        actor=request.user,
+        reason=form.cleaned_data["reason"],
+        limit=plan.limit,
+        plan=plan.id,
+    )
+    gone = [
+        (pk, f"task #{pk} is no longer a dead letter matching the filter")
+        for pk in plan.ids
+        if pk not in qualifying
+    ]
+    return replace(report, skipped=[*gone, *report.skipped], limited=plan.limited)
+
+
 def _bulk_summary(report: services.BulkReport) -> str:
-    text = f"{report.action}: {len(report.changed)} task(s) changed"
+    text = f"{ACTIONS[report.action].label}: {len(report.changed)} task(s) changed"
     if report.skipped:
         text += f", {len(report.skipped)} skipped"
     if report.limited:

@@ -42,7 +42,8 @@ def body(response: HttpResponseBase) -> str:
 PARTIALS = {
     "/": 'id="overview"',
     "/tasks/": 'id="results"',
-    "/dead/": 'id="results"',
+    # The filter swaps the list and the bulk form together.
+    "/dead/": 'id="dead"',
     "/approvals/": 'id="results"',
     "/queues/": 'id="queues"',
     "/audit/": 'id="results"',
@@ -238,7 +239,9 @@ def test_a_task_page_shows_steps_leases_lanes_and_the_timeline(oncall: User) -> 
     # On-call sees the actions a dead letter allows.
     assert ">Redrive</button>" in page and ">Redrive with changes</button>" in page
     assert ">Cancel task</button>" in page
-    assert ">Mark done</button>" not in page  # only for an unknown outcome
+    # Done by hand, yes; run again without its started calls is for an unknown outcome.
+    assert ">Mark done</button>" in page
+    assert ">Run again</button>" not in page
 
 
 def test_an_unknown_outcome_offers_mark_done_and_run_again(oncall: User, auditor: User) -> None:
@@ -383,18 +386,163 @@ def _bulk(client: Client, **fields: str) -> HttpResponseBase:
     return client.post("/dead/bulk/", data, headers=HTMX)
 
 
+PLAN = re.compile(r'name="plan" value="([^"]+)"')
+
+
+def _plan(response: HttpResponseBase) -> str:
+    found = PLAN.search(body(response))
+    assert found, body(response)[:2000]
+    return found.group(1)
+
+
+def _confirm(client: Client, **fields: str) -> HttpResponseBase:
+    """Preview, then confirm the plan the preview made, as the page's two buttons do."""
+    preview = _bulk(client, **fields)
+    assert preview.status_code == 200, body(preview)[:2000]
+    return _bulk(client, **fields, confirm="1", plan=_plan(preview))
+
+
 def test_a_bulk_action_without_confirm_previews_the_count_and_changes_nothing(
     oncall: User,
 ) -> None:
-    for _ in range(3):
-        dead_task()
-    dead_task({"error": "outcome_unknown", "fail_first": 1})
+    permanent = [dead_task() for _ in range(3)]
+    unknown = dead_task({"error": "outcome_unknown", "fail_first": 1})
     client = login(oncall)
     response = _bulk(client, error_class="tasks_app.exceptions.PermanentError")
     assert response.status_code == 200
-    assert "<strong>3</strong> dead tasks match" in body(response)
+    page = body(response)
+    assert "<strong>Plan: Redrive 3 tasks</strong>" in page
+    assert all(f">#{task.pk}</a>" in page for task in permanent)
+    assert f">#{unknown.pk}</a>" not in page
+    assert ">Redrive 3 tasks</button>" in page
     assert Task.objects.filter(status=TaskStatus.DEAD).count() == 4
     assert not task_events_of_kind("redriven")
+
+
+@pytest.mark.parametrize("value", ["0", "no", "off", "n", "null", "true", "yes", "on", " 1"])
+def test_only_confirm_1_applies_a_bulk_action(oncall: User, value: str) -> None:
+    task = dead_task()
+    client = login(oncall)
+    plan = _plan(_bulk(client, action="cancel"))
+
+    response = _bulk(client, action="cancel", confirm=value, plan=plan)
+
+    assert response.status_code == 200
+    assert "Nothing has changed yet" in body(response)
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
+    assert not task_events_of_kind("cancelled")
+
+
+def test_a_confirm_without_a_preview_changes_nothing(oncall: User) -> None:
+    task = dead_task()
+
+    response = _bulk(login(oncall), action="cancel", confirm="1")
+
+    assert response.status_code == 409
+    assert "Nothing changed: confirm a preview" in body(response)
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"action": "cancel"}, "the action changed from Redrive to Cancel task"),
+        ({"workflow": "demo.noop"}, "the filter changed"),
+        ({"error_class": "tasks_app.exceptions.OutcomeUnknown"}, "the filter changed"),
+        ({"limit": "2"}, "the limit changed from 1000 to 2"),
+    ],
+)
+def test_a_change_after_the_preview_needs_a_new_preview(
+    oncall: User, change: dict[str, str], reason: str
+) -> None:
+    tasks = [dead_task() for _ in range(3)]
+    client = login(oncall)
+    plan = _plan(_bulk(client))
+
+    response = _bulk(client, **change, confirm="1", plan=plan)
+
+    assert response.status_code == 409
+    assert f"Nothing changed: {reason} since the preview. Preview again." in body(response)
+    assert ">Preview</button>" in body(response)
+    assert {Task.objects.get(pk=t.pk).status for t in tasks} == {TaskStatus.DEAD}
+    assert not Event.objects.filter(kind__in=["redriven", "cancelled"]).exists()
+
+
+def test_a_plan_is_its_previewers_and_cannot_be_forged(oncall: User, superuser: User) -> None:
+    task = dead_task()
+    plan = _plan(_bulk(login(oncall), action="cancel"))
+    other = _bulk(login(superuser), action="cancel", confirm="1", plan=plan)
+    assert other.status_code == 409
+    assert "made by someone else" in body(other)
+    forged = _bulk(login(oncall), action="cancel", confirm="1", plan=plan[:-2] + "xx")
+    assert forged.status_code == 409
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
+
+
+def test_a_confirm_applies_the_plan_and_nothing_else(oncall: User) -> None:
+    planned = [dead_task() for _ in range(3)]
+    client = login(oncall)
+    plan = _plan(_bulk(client, action="cancel"))
+    # Meanwhile one planned task is redriven by someone else, and a new one dies.
+    services.redrive(planned[1], actor="cli:someone", reason="fixed")
+    newcomer = dead_task()
+
+    response = _bulk(client, action="cancel", confirm="1", plan=plan)
+
+    assert response.status_code == 200
+    page = body(response)
+    assert "2 tasks changed, 1 skipped" in page
+    assert f"#{planned[1].pk}</a>: task #{planned[1].pk} is no longer a dead letter" in page
+    statuses = {t.pk: Task.objects.get(pk=t.pk).status for t in [*planned, newcomer]}
+    assert statuses == {
+        planned[0].pk: TaskStatus.CANCELLED,
+        planned[1].pk: TaskStatus.PENDING,
+        planned[2].pk: TaskStatus.CANCELLED,
+        newcomer.pk: TaskStatus.DEAD,
+    }
+    cancelled = task_events_of_kind("cancelled")
+    assert len({event.data["plan"] for event in cancelled}) == 1
+    assert f"?plan={cancelled[0].data['plan']}" in page
+
+
+def test_a_bulk_redrive_skips_a_step_whose_outcome_is_unknown(oncall: User) -> None:
+    unknown = dead_task({"error": "outcome_unknown", "fail_first": 1})
+
+    response = _confirm(login(oncall), action="redrive")
+
+    assert "0 tasks changed, 1 skipped" in body(response)
+    assert "unknown outcome" in body(response)
+    assert Task.objects.get(pk=unknown.pk).status == TaskStatus.DEAD
+
+
+def test_filtering_dead_letters_swaps_the_bulk_form_with_the_list(oncall: User) -> None:
+    dead_task()
+    error_class = "tasks_app.exceptions.PermanentError"
+
+    response = login(oncall).get("/dead/", {"error_class": error_class}, headers=HTMX)
+
+    page = body(response)
+    assert page.lstrip().startswith('<section id="dead">')
+    assert f'<input type="hidden" name="error_class" value="{error_class}">' in page
+    assert f"error class {error_class}." in page
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"workflow": "no.such"},
+        {"queue": "nowhere"},
+        {"after": "-3"},
+    ],
+)
+def test_a_bad_dead_letter_filter_is_refused_not_widened(
+    oncall: User, query: dict[str, str]
+) -> None:
+    dead_task()
+    response = login(oncall).get("/dead/", query)
+    assert response.status_code == 400
+    assert "The filter cannot be used" in body(response)
+    assert "<table" not in body(response)
 
 
 def task_events_of_kind(kind: str) -> list[Event]:
@@ -405,7 +553,7 @@ def test_a_confirmed_bulk_action_changes_up_to_the_limit_with_one_event_each(
     oncall: User,
 ) -> None:
     tasks = [dead_task() for _ in range(3)]
-    response = _bulk(login(oncall), confirm="1", limit="2")
+    response = _confirm(login(oncall), limit="2")
     assert response.status_code == 200
     assert "2 tasks changed" in body(response)
     assert "More tasks matched than the limit" in body(response)
@@ -424,9 +572,9 @@ def test_a_bulk_action_needs_a_reason_and_a_limit_within_the_setting(
     settings.CONSOLE_BULK_LIMIT = 5  # type: ignore[attr-defined]
     dead_task()
     client = login(oncall)
-    no_reason = _bulk(client, confirm="1", reason="")
+    no_reason = _confirm(client, reason="")
     assert no_reason.status_code == 400 and "reason: " in body(no_reason)
-    too_many = _bulk(client, confirm="1", limit="6")
+    too_many = _bulk(client, limit="6")
     assert too_many.status_code == 400 and "limit: at most 5 tasks" in body(too_many)
     assert not task_events_of_kind("redriven")
 
@@ -434,25 +582,27 @@ def test_a_bulk_action_needs_a_reason_and_a_limit_within_the_setting(
 def test_bulk_actions_each_apply_their_service(oncall: User) -> None:
     unknown = [dead_task({"error": "outcome_unknown", "fail_first": 1}) for _ in range(2)]
     client = login(oncall)
-    _bulk(client, action="resolve_done", confirm="1", reason="checked: sent")
+    _confirm(client, action="resolve_done", reason="checked: sent")
     assert {t.status for t in Task.objects.filter(pk__in=[t.pk for t in unknown])} == {
         TaskStatus.SUCCEEDED
     }
     cancel = dead_task()
-    _bulk(client, action="cancel", confirm="1", reason="obsolete")
+    _confirm(client, action="cancel", reason="obsolete")
     cancel.refresh_from_db()
     assert cancel.status == TaskStatus.CANCELLED
 
 
 def test_a_plain_bulk_post_redirects_to_the_filtered_list_with_a_summary(oncall: User) -> None:
     dead_task()
-    response = login(oncall).post(
-        "/dead/bulk/",
-        {"action": "cancel", "reason": "x", "confirm": "1", "workflow": "demo.flaky"},
-        follow=True,
+    client = login(oncall)
+    data = {"action": "cancel", "reason": "x", "workflow": "demo.flaky"}
+    preview = client.post("/dead/bulk/", data)
+    assert "<html" in body(preview)  # the whole page, with the plan
+    response = client.post(
+        "/dead/bulk/", {**data, "confirm": "1", "plan": _plan(preview)}, follow=True
     )
     assert response.redirect_chain == [("/dead/?workflow=demo.flaky", 302)]
-    assert "cancel: 1 task(s) changed." in body(response)
+    assert "Cancel task: 1 task(s) changed." in body(response)
 
 
 # --- approvals ------------------------------------------------------------------------------

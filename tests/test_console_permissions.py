@@ -3,6 +3,7 @@ role. A refused action answers 403 and changes no row."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -125,7 +126,7 @@ def _action(action: str, world: dict[str, Any]) -> tuple[str, dict[str, str]]:
     review: ApprovalRequest = world["review"]
     return {
         "redrive": (f"/tasks/{dead.pk}/redrive/", {"reason": "fixed the remote"}),
-        "resolve": (f"/tasks/{dead.pk}/resolve/", {"reason": "checked", "outcome": "retry"}),
+        "resolve": (f"/tasks/{dead.pk}/resolve/", {"reason": "checked", "outcome": "done"}),
         "cancel": (f"/tasks/{dead.pk}/cancel/", {"reason": "not needed"}),
         "bulk": ("/dead/bulk/", {"action": "cancel", "reason": "incident", "confirm": "1"}),
         "pause": ("/queues/default/pause/", {"reason": "incident"}),
@@ -135,6 +136,35 @@ def _action(action: str, world: dict[str, Any]) -> tuple[str, dict[str, str]]:
             {"decision": "approve", "comment": "", "draft_hash": review.draft_hash},
         ),
     }[action]
+
+
+# What the task page, a review or the queues page show, none of which a refusal may.
+CONTENT_OF_OBJECTS = ("<table", "fail_first", "Traceback", "draft_hash", "PermanentError")
+
+
+def _assert_bare_refusal(page: str) -> None:
+    assert "Not permitted" in page
+    for content in CONTENT_OF_OBJECTS:
+        assert content not in page, f"{content!r} shown behind a refusal"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("action", "role"), [(a, r) for a, r, e in ACTION_CASES if e == "403"])
+def test_a_refused_htmx_action_shows_only_its_reason_in_the_message_region(
+    action: str, role: str, persona: Callable[[str], User], world: dict[str, Any]
+) -> None:
+    url, data = _action(action, world)
+    # A wrong draft hash, a bad reason: the refusal comes before any of it is read.
+    data = {**data, "draft_hash": "0" * 64, "payload": "[" * 10_000}
+    before = snapshot()
+
+    response = login(persona(role)).post(url, data, headers={"HX-Request": "true"})
+
+    assert response.status_code == 403
+    assert (response["HX-Retarget"], response["HX-Reswap"]) == ("#messages", "innerHTML")
+    _assert_bare_refusal(response.content.decode())
+    assert "<html" not in response.content.decode()
+    assert snapshot() == before
 
 
 def snapshot() -> tuple[Any, ...]:
@@ -158,6 +188,10 @@ def test_each_action_is_done_or_refused_for_each_role_as_the_table_says(
     user = persona(role)
     client = login(user)
     url, data = _action(action, world)
+    if action == "bulk" and expected == "done":
+        # A bulk action applies the plan its preview made.
+        preview = client.post(url, {**data, "confirm": ""}).content.decode()
+        data["plan"] = re.search(r'name="plan" value="([^"]+)"', preview).group(1)  # type: ignore[union-attr]
     before = snapshot()
     before_events = Event.objects.count()
 
@@ -166,8 +200,7 @@ def test_each_action_is_done_or_refused_for_each_role_as_the_table_says(
     if expected == "403":
         assert response.status_code == 403
         assert snapshot() == before
-        if (action, role) != ("bulk", "outsider"):  # refused by the page's read permission
-            assert "Not permitted" in response.content.decode()
+        _assert_bare_refusal(response.content.decode())
     else:
         assert response.status_code == 302, response.content.decode()[:500]
         new = Event.objects.filter(pk__gt=max([0, *[pk for pk, _ in before[2]]]))

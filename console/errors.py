@@ -1,0 +1,94 @@
+"""What a refused or failed request renders: the project's error pages (``handler400``,
+``handler403``, ``handler404``, ``handler500``), and the one log line of a refused write.
+
+A refusal shows only its reason, never the object it refused: a full page with the
+console's layout for a plain request, and for an htmx request a notice that htmx puts in
+the page's message region (``#messages``, on every page), so the form the person used
+stays as it was and no bare fragment replaces the document.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.loader import render_to_string
+from django_htmx.http import reswap, retarget
+
+from tasks_app import oplog
+
+TITLES = {
+    400: "Bad request",
+    403: "Not permitted",
+    404: "Not found",
+    409: "Not possible now",
+    500: "Something went wrong",
+}
+
+
+def error_response(request: HttpRequest, status: int, message: str) -> HttpResponse:
+    """The error page, or for htmx its notice in the page's message region."""
+    context = {"status": status, "title": TITLES.get(status, "Error"), "message": message}
+    if getattr(request, "htmx", False):
+        html = render_to_string("console/_refusal.html", context, request=request)
+        return reswap(retarget(HttpResponse(html, status=status), "#messages"), "innerHTML")
+    html = render_to_string("console/error.html", context, request=request)
+    return HttpResponse(html, status=status)
+
+
+def log_refusal(request: HttpRequest, reason: str, *, status: int = 403) -> None:
+    """One warning line per refused write: who tried what, on which object, and why."""
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return
+    user = getattr(request, "user", None)
+    match = getattr(request, "resolver_match", None)
+    fields: dict[str, Any] = {
+        "user": user.get_username() if user is not None and user.is_authenticated else "",
+        "action": match.view_name if match is not None else "",
+        "object": request.path,
+        "status": status,
+        "reason": reason,
+    }
+    oplog.write(logging.WARNING, "action_refused", fields)
+
+
+class RefusalMiddleware:
+    """Answers a view's refusal (``PermissionDenied``, ``Http404``) with the console's
+    error page or notice, the same with ``DEBUG`` on or off (Django's debug pages would
+    otherwise take over in development)."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response: HttpResponse = self.get_response(request)
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, PermissionDenied):
+            return permission_denied(request, exception)
+        if isinstance(exception, Http404):
+            return page_not_found(request, exception)
+        return None
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return error_response(request, 400, "The request could not be read.")
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    detail = str(exception or "") or "your account may not do this"
+    log_refusal(request, detail)
+    return error_response(request, 403, f"Not permitted: {detail}.")
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return error_response(request, 404, "There is nothing at this address.")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    return error_response(
+        request, 500, "The console could not answer; the error is in the server's log."
+    )

@@ -1,0 +1,100 @@
+"""A bulk action's plan: what its preview showed (the filter, the action, the limit and the
+exact tasks it will touch), signed, so that confirming applies that and nothing else.
+
+The plan travels in the confirm form as a signed token (``django.core.signing``, salted
+for this use, bound to the user who previewed it, valid for ``CONSOLE_BULK_PLAN_SECONDS``).
+Confirming checks the token and that the form still asks for the same filter, action and
+limit; any difference asks for a new preview. Each event the action writes carries the
+plan's id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+
+from tasks_app import lists, services
+from tasks_app.lists import DeadFilter
+from tasks_app.task_actions import ACTIONS
+
+SALT = "console.bulk-plan"
+
+
+class PlanRefused(Exception):
+    """The confirm does not match a valid plan; the message says why."""
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    id: str
+    action: str
+    filters: DeadFilter
+    limit: int
+    # The tasks it will touch, oldest first: the first ``limit`` matching at preview.
+    ids: tuple[int, ...]
+    # How many matched at preview (more than ``ids`` when the limit cut them).
+    matched: int
+    user_id: int
+
+    @classmethod
+    def make(cls, *, action: str, filters: DeadFilter, limit: int, user_id: int) -> BulkPlan:
+        matching = lists.dead_tasks(filters).order_by("id")
+        return cls(
+            id=services.new_plan_id(),
+            action=action,
+            filters=filters,
+            limit=limit,
+            ids=tuple(matching.values_list("pk", flat=True)[:limit]),
+            matched=matching.count(),
+            user_id=user_id,
+        )
+
+    @property
+    def button(self) -> str:
+        """What the confirm button says: "Cancel 3 tasks"."""
+        return ACTIONS[self.action].button_text(len(self.ids))
+
+    @property
+    def label(self) -> str:
+        return ACTIONS[self.action].label
+
+    @property
+    def limited(self) -> bool:
+        return self.matched > len(self.ids)
+
+    def token(self) -> str:
+        data: dict[str, Any] = {**asdict(self), "ids": list(self.ids)}
+        return signing.dumps(data, salt=SALT, compress=True)
+
+    @classmethod
+    def load(cls, token: str, *, user_id: int) -> BulkPlan:
+        """The plan a token holds, if it is intact, recent and this user's."""
+        try:
+            data = signing.loads(token, salt=SALT, max_age=settings.CONSOLE_BULK_PLAN_SECONDS)
+        except signing.SignatureExpired:
+            raise PlanRefused("the preview is too old: preview again") from None
+        except signing.BadSignature:
+            raise PlanRefused("confirm a preview: this form carries none") from None
+        plan = cls(**{**data, "filters": DeadFilter(**data["filters"]), "ids": tuple(data["ids"])})
+        if plan.user_id != user_id:
+            raise PlanRefused("this preview was made by someone else: preview again")
+        return plan
+
+    def difference(self, *, action: str, filters: DeadFilter, limit: int) -> str | None:
+        """What the confirming form asks differently from the plan, or None."""
+        if action != self.action:
+            return f"the action changed from {self.label} to {ACTIONS[action].label}"
+        if filters != self.filters:
+            return "the filter changed"
+        if limit != self.limit:
+            return f"the limit changed from {self.limit} to {limit}"
+        return None
+
+    def still_qualifying(self) -> set[int]:
+        """The plan's tasks that are still dead letters matching its filter."""
+        return set(
+            lists.dead_tasks(self.filters).filter(pk__in=self.ids).values_list("pk", flat=True)
+        )
