@@ -25,10 +25,29 @@ MAX_INT_BITS = 3321  # 2**3321 < 10**1000 < 2**3322: below it, no need to compar
 INT_LIMIT = 10**MAX_INT_DIGITS
 
 
-def canonical_json(payload: Any) -> str:
+def _dumps(payload: Any) -> str:
     return json.dumps(
         payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+
+
+def _unsigned_float(token: str) -> float:
+    return float(token) or 0.0  # -0.0 is falsy, so both zeros come back as 0.0
+
+
+def canonical_json(payload: Any) -> str:
+    """The canonical form (DESIGN rule 4), with every negative zero written as ``0.0``.
+
+    PostgreSQL's jsonb keeps no sign on zero: a payload with ``-0.0`` is read back with
+    ``0.0``, so its hash and the stored payload are both taken from this form, or the
+    stored payload would no longer match its own key. Python writes negative zero as
+    ``-0.0`` only; when that text appears (in a string too, rarely), the numbers are read
+    back unsigned and written again, which leaves every string and other number as it was.
+    """
+    text = _dumps(payload)
+    if "-0.0" in text:
+        text = _dumps(json.loads(text, parse_float=_unsigned_float))
+    return text
 
 
 def payload_hash(workflow: str, canonical: str) -> str:

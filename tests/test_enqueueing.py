@@ -364,6 +364,47 @@ def test_it_stores_the_sha256_of_workflow_and_canonical_payload() -> None:
     assert Task.objects.get(pk=a.pk).payload == {"a": "é", "b": 1}
 
 
+# PostgreSQL's jsonb has no negative zero: it keeps -0.0 as 0.0. Python's == cannot tell
+# them apart either, so these tests compare canonical JSON, where the sign shows.
+NEGATIVE_ZEROS = {"x": -0.0, "deep": {"list": [-0.0, [1.5, -0.0]]}, "text": "-0.0"}
+AS_STORED = {"x": 0.0, "deep": {"list": [0.0, [1.5, 0.0]]}, "text": "-0.0"}
+
+
+def enqueue_one(many: bool, payload: dict[str, Any], key: str) -> EnqueueResult:
+    if many:
+        item = {"workflow": "demo.noop", "payload": payload, "idempotency_key": key}
+        return services.enqueue_many([item])[0]
+    return services.enqueue("demo.noop", payload, idempotency_key=key)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fast_path", [True, False], ids=["sql", "orm"])
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_a_negative_zero_is_hashed_and_stored_as_zero_so_the_stored_payload_is_a_duplicate(
+    many: bool, fast_path: bool, settings: Any
+) -> None:
+    settings.TASKS_SQL_FAST_PATH = fast_path
+    first = enqueue_one(many, NEGATIVE_ZEROS, "zero:1")
+    task = Task.objects.get(pk=first.task.pk)
+
+    again = enqueue_one(many, task.payload, "zero:1")
+
+    assert (again.task.pk, again.created) == (first.task.pk, False)
+    assert counter("idempotency_conflict") == 0
+    assert canonical(task.payload) == canonical(first.task.payload) == canonical(AS_STORED)
+    expected = hashlib.sha256(f"demo.noop\n{canonical(AS_STORED)}".encode()).hexdigest()
+    assert task.payload_hash == expected
+    # The payload given keeps its sign: only what is stored and hashed is normalised.
+    assert canonical(NEGATIVE_ZEROS).count("-0.0") == 4
+
+
+@pytest.mark.django_db
+def test_a_negative_zero_and_a_zero_are_the_same_payload() -> None:
+    first = services.enqueue("demo.noop", {"x": [0.0]}, idempotency_key="zero:2")
+    again = services.enqueue("demo.noop", {"x": [-0.0]}, idempotency_key="zero:2")
+    assert (again.task.pk, again.created) == (first.task.pk, False)
+
+
 # --- concurrency -----------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from tasks_app import runner, services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
+from tasks_app.validation import canonical_json
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.conftest import backdate, only_step
 
@@ -162,6 +163,22 @@ def test_redrive_with_an_edited_payload_keeps_the_old_one_in_the_event(
     assert (step.status, step.fencing_token) == (StepStatus.SUCCEEDED, 4)
     task.refresh_from_db()
     assert task.status == TaskStatus.SUCCEEDED
+
+
+def test_redrive_stores_an_edited_negative_zero_as_zero_as_enqueue_does(
+    db: None, oncall: User
+) -> None:
+    task = _dead_flaky({"fail_first": 10})
+    edited = {"fail_first": 0, "fail_rate": -0.0, "notes": [-0.0]}
+
+    returned = services.redrive(task, actor=oncall, reason="bad input", payload=edited)
+
+    as_stored = '{"fail_first":0,"fail_rate":0.0,"notes":[0.0]}'
+    task.refresh_from_db()
+    redriven = Event.objects.get(task_id=task.pk, kind=EventKind.REDRIVEN)
+    # The task handed back holds what the database holds (jsonb has no negative zero).
+    assert canonical_json(returned.payload) == canonical_json(task.payload) == as_stored
+    assert canonical_json(redriven.data["new_payload"]) == as_stored
 
 
 @pytest.mark.parametrize(
