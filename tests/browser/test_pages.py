@@ -53,7 +53,7 @@ DANGLING_ARIA_IDS = """
 NOT_DONE = [TaskStatus.PENDING, TaskStatus.RUNNING]
 # A phone held upright (an iPhone 12 to 15).
 PHONE: ViewportSize = {"width": 390, "height": 844}
-# How far the document and the body reach past the window, in CSS pixels.
+# The window's width and how wide the document and the body are, in CSS pixels.
 OVERFLOW = """
 () => ({
   window: window.innerWidth,
@@ -294,7 +294,11 @@ def test_no_page_scrolls_sideways_on_a_phone(
     task_status(long, TaskStatus.SUCCEEDED, worker)
     page.set_viewport_size(PHONE)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    axe = Axe()
     wide: dict[str, dict[str, int]] = {}
+    # A table that scrolls on a phone and holds nothing focusable must take the focus
+    # itself, or a keyboard cannot scroll it (axe's scrollable-region-focusable).
+    found: dict[str, list[Any]] = {}
     checked = []
     error_class_lines = 0
     for name in tour(page, staged, superuser):
@@ -309,9 +313,12 @@ def test_no_page_scrolls_sideways_on_a_phone(
         widths = page.evaluate(OVERFLOW)
         if max(widths["document"], widths["body"]) > widths["window"]:
             wide[name] = widths
+        if problems := accessibility_problems(page, axe):
+            found[name] = problems
         page.screenshot(path=SCREENSHOTS / f"narrow-{name}.png", full_page=True)
         checked.append(name)
 
     assert checked == ["login", *(name for name, _ in staged.pages)]
     assert not wide, "pages wider than a 390 px window:\n" + pformat(wide)
     assert error_class_lines == 1, f"the error class on /dead/ takes {error_class_lines} lines"
+    assert not found, "accessibility problems on a phone:\n" + pformat(found, width=100)
