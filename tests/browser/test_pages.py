@@ -1,6 +1,6 @@
 """Every page in a real browser: live regions that refresh or swap without a reload, no
-Content-Security-Policy violation, no serious accessibility violation, and a screenshot of
-each for the docs."""
+Content-Security-Policy violation, no serious accessibility violation, no sideways scroll on
+a phone, and a screenshot of each for the docs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from axe_playwright_python.sync_playwright import Axe
 from django.contrib.auth.models import User
-from playwright.sync_api import ConsoleMessage, Page, expect
+from playwright.sync_api import ConsoleMessage, Page, ViewportSize, expect
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
@@ -51,6 +51,25 @@ DANGLING_ARIA_IDS = """
       .map((id) => `${element.id || element.tagName.toLowerCase()} ${name}=${id}`)))
 """
 NOT_DONE = [TaskStatus.PENDING, TaskStatus.RUNNING]
+# A phone held upright (an iPhone 12 to 15).
+PHONE: ViewportSize = {"width": 390, "height": 844}
+# The window's width and how wide the document and the body are, in CSS pixels.
+OVERFLOW = """
+() => ({
+  window: window.innerWidth,
+  document: document.documentElement.scrollWidth,
+  body: document.body.scrollWidth,
+})
+"""
+# How many lines a cell's text takes: a dotted error class broken letter by letter takes
+# dozens.
+LINES = """
+(cell) => {
+  const range = document.createRange();
+  range.selectNodeContents(cell);
+  return new Set([...range.getClientRects()].map((rect) => Math.round(rect.top))).size;
+}
+"""
 
 
 # --- a console with something on every page ------------------------------------------------
@@ -260,3 +279,46 @@ def test_every_page_has_a_screenshot_for_the_docs(
         taken.append(name)
 
     assert taken == ["login", *(name for name, _ in staged.pages)]
+
+
+def test_no_page_scrolls_sideways_on_a_phone(
+    page: Page, worker: Worker, superuser: User, oncall: User, editor: User, author: User
+) -> None:
+    staged = stage(worker, oncall=oncall, editor=editor, author=author)
+    # Unbreakable text where the pages show keys and payloads.
+    long = services.enqueue(
+        "demo.noop",
+        {"blob": "0123456789" * 30},
+        idempotency_key="browser:narrow:" + "0123456789" * 15,
+    ).task
+    task_status(long, TaskStatus.SUCCEEDED, worker)
+    page.set_viewport_size(PHONE)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    axe = Axe()
+    wide: dict[str, dict[str, int]] = {}
+    # A table that scrolls on a phone and holds nothing focusable must take the focus
+    # itself, or a keyboard cannot scroll it (axe's scrollable-region-focusable).
+    found: dict[str, list[Any]] = {}
+    checked = []
+    error_class_lines = 0
+    for name in tour(page, staged, superuser):
+        if name == "task-detail":
+            # The dead step's traceback, long lines and all.
+            page.get_by_text("Full error").click()
+            expect(page.locator("pre.error-text")).to_be_visible()
+        if name == "dead-letters":
+            error_class = page.locator("#results td.mono").first
+            expect(error_class).to_contain_text("PermanentError")
+            error_class_lines = error_class.evaluate(LINES)
+        widths = page.evaluate(OVERFLOW)
+        if max(widths["document"], widths["body"]) > widths["window"]:
+            wide[name] = widths
+        if problems := accessibility_problems(page, axe):
+            found[name] = problems
+        page.screenshot(path=SCREENSHOTS / f"narrow-{name}.png", full_page=True)
+        checked.append(name)
+
+    assert checked == ["login", *(name for name, _ in staged.pages)]
+    assert not wide, "pages wider than a 390 px window:\n" + pformat(wide)
+    assert error_class_lines == 1, f"the error class on /dead/ takes {error_class_lines} lines"
+    assert not found, "accessibility problems on a phone:\n" + pformat(found, width=100)
