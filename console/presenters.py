@@ -9,18 +9,16 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from django.conf import settings
-
 from tasks_app import redaction
 from tasks_app.durations import short_duration as short_duration
 from tasks_app.exceptions import error_summary as error_summary
 from tasks_app.redaction import REDACTED as REDACTED
 
 
-def redact(value: Any, keys: Iterable[str] | None = None) -> Any:
-    """A copy of ``value`` with the value of every secret key replaced, at any depth: the
-    keys of ``CONSOLE_REDACT_KEYS`` unless ``keys`` are given."""
-    return redaction.redact(value, settings.CONSOLE_REDACT_KEYS if keys is None else keys)
+def redact(value: Any, patterns: Iterable[str] | None = None) -> Any:
+    """A copy of ``value`` with the value of every secret key replaced, at any depth
+    (:func:`tasks_app.redaction.is_secret_key`)."""
+    return redaction.redact(value, patterns)
 
 
 def restore_redacted(edited: Any, original: Any) -> Any:

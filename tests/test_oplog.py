@@ -428,7 +428,7 @@ def test_free_text_has_the_values_of_redacted_keys_removed(leaky: str, captured:
 
 
 def test_the_redacted_keys_are_a_setting(settings: Any, captured: Captured) -> None:
-    settings.TASKS_LOG_REDACT_KEYS = ["ticket-id"]
+    settings.REDACT_KEY_PATTERNS = ["ticket-id"]
     services.pause_queue("default", actor=ONCALL, reason="ticket_id=T-99 api_key=visible")
 
     [(_, fields)] = captured.lines()
