@@ -13,7 +13,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from tasks_app import lists, presence, selectors, services
+from tasks_app import lists, presence, redaction, selectors, services
 from tasks_app.exceptions import InvalidInput, NotPermitted
 
 from . import forms
@@ -96,7 +96,8 @@ class _Echo:
 @require_GET
 @permission_required(EXPORT_AUDIT, raise_exception=True)
 def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
-    """The filtered audit log as CSV, streamed row by row, newest first."""
+    """The filtered audit log as CSV, streamed row by row, newest first; what producers and
+    people wrote is redacted as everywhere else (``tasks_app.redaction``)."""
     form = forms.AuditFilterForm(request.GET)
     events = lists.audit_events(form.filters()).order_by("-id")
 
@@ -112,8 +113,8 @@ def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
                     event.actor,
                     event.task_id or "",
                     event.step_id or "",
-                    event.reason,
-                    _json_line(event.data),
+                    redaction.redact_text(event.reason),
+                    _json_line(redaction.redact_event_data(event.data)),
                 ]
             )
 

@@ -584,6 +584,47 @@ def test_the_audit_log_filters_and_exports_the_same_rows_as_csv(
     assert all(row[3] == oncall.username for row in rows[1:])
 
 
+def export_rows(client: Client, **filters: str) -> list[list[str]]:
+    export = client.get("/audit/export.csv", filters)
+    assert export.status_code == 200 and export["Content-Type"].startswith("text/csv")
+    content = b"".join(export.streaming_content)  # type: ignore[attr-defined]
+    return list(csv.reader(io.StringIO(content.decode())))
+
+
+SECRETS = {"password": "hunter2", "api_token": "abc", "nested": [{"Client-Secret": "x"}]}
+
+
+def test_the_audit_export_keeps_the_secrets_of_a_redrive_with_changes_hidden(
+    auditor: User, oncall: User
+) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 1, **SECRETS})
+    services.redrive(
+        task,
+        actor=oncall,
+        reason="input fixed, password=hunter2",
+        payload={"error": "permanent", "fail_first": 0, **SECRETS, "api_token": "abc-new"},
+    )
+    rows = export_rows(login(auditor))
+    [redriven] = [row for row in rows if row[2] == "redriven"]
+    data = json.loads(redriven[7])
+    assert data["old_payload"]["password"] == "•••redacted•••"
+    assert data["new_payload"]["nested"] == [{"Client-Secret": "•••redacted•••"}]
+    assert redriven[6] == "input fixed, password=•••redacted•••"
+    exported = "\n".join(",".join(row) for row in rows)
+    for secret in ("hunter2", "abc", "abc-new", '"x"'):
+        assert secret not in exported, secret
+
+
+def test_the_audit_export_shows_the_lease_tokens_of_the_systems_own_events(
+    auditor: User,
+) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 1, "token": "producer-token"})
+    rows = export_rows(login(auditor), kind="claimed")
+    [claimed] = [json.loads(row[7]) for row in rows if row[4] == str(task.pk)]
+    assert claimed["token"] == Step.objects.get(task=task).fencing_token == 1
+    assert "producer-token" not in str(rows)
+
+
 def test_the_audit_log_filters_by_workflow(auditor: User) -> None:
     dead = dead_task()
     services.enqueue("demo.noop", {})

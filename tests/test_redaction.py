@@ -6,7 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 
+from approvals import services as approvals
+from tasks_app import services
+from tasks_app.models import Event
 from tasks_app.redaction import (
     REDACTED,
     SYSTEM_EVENT_KEYS,
@@ -16,6 +20,10 @@ from tasks_app.redaction import (
     redact_text,
 )
 
+from .approval_support import advance, article, pending_request
+from .conftest import only_step
+from .console_support import dead_task
+from .lease_support import claim, expire_lease
 from .test_settings import load_settings
 
 SECRETS = {"password": "hunter2", "api_token": "abc", "nested": [{"Client-Secret": "x"}]}
@@ -131,3 +139,35 @@ def test_the_patterns_come_from_the_environment_and_the_old_key_lists_add_to_the
     old = load_settings(code, CONSOLE_REDACT_KEYS="ssn", TASKS_LOG_REDACT_KEYS="pin,token")
     patterns = old.stdout.strip().split(",")
     assert patterns[-2:] == ["ssn", "pin"] and "password" in patterns
+
+
+# What producers and people put in an event's data; everything else there is the system's.
+PRODUCER_EVENT_KEYS = {"old_payload", "new_payload", "error"}
+
+
+@pytest.mark.django_db
+def test_every_key_the_system_writes_in_event_data_is_named_as_its_own(
+    oncall: User, editor: User
+) -> None:
+    """A key missing from SYSTEM_EVENT_KEYS would be redacted as producer data: this runs
+    the transitions that write event data and checks none is left unnamed."""
+    task = dead_task({"error": "permanent", "fail_first": 1})
+    services.redrive(task, actor=oncall, reason="r", payload={"fail_first": 0})
+    advance(task)
+    advance(services.enqueue("demo.flaky", {"error": "retryable", "fail_first": 1}).task)
+    unknown = dead_task({"error": "outcome_unknown", "fail_first": 1})
+    services.resolve(unknown, actor=oncall, reason="r", outcome="done")
+    services.cancel(dead_task(), actor=oncall, reason="r")
+    services.pause_queue("default", actor=oncall, reason="r")
+    services.resume_queue("default", actor=oncall, reason="r")
+    expired = services.enqueue("demo.noop", {}).task
+    stale = claim(only_step(expired))
+    expire_lease(only_step(expired))
+    services.complete_step(stale, result={})
+    review = advance(article(key="publish:redaction:1"))
+    approvals.request_changes(pending_request(review), actor=editor, comment="shorter")
+    approvals.approve(pending_request(advance(review)), actor=editor)
+
+    written = {key for data in Event.objects.values_list("data", flat=True) for key in data}
+    assert {"token", "old_payload", "error", "retry_in", "current_token", "back_to"} <= written
+    assert written - SYSTEM_EVENT_KEYS <= PRODUCER_EVENT_KEYS
