@@ -1,12 +1,14 @@
-"""How the console shows values: secrets redacted, JSON pretty-printed, durations short.
+"""How the console shows values: secrets redacted, JSON pretty-printed, durations short,
+CSV cells that no spreadsheet reads as a formula.
 
 The templates escape everything they print; these only decide what text is shown.
 """
 
 from __future__ import annotations
 
+import csv
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tasks_app import redaction
@@ -42,3 +44,27 @@ def restore_redacted(edited: Any, original: Any) -> Any:
 def pretty_json(value: Any) -> str:
     """Redacted, indented JSON for a ``<pre>`` block."""
     return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+# A cell starting with one of these is a formula to a spreadsheet (OWASP, "CSV Injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> str:
+    """``value`` as a CSV cell a spreadsheet shows as text: one that would start a formula
+    gets a leading single quote, as OWASP advises (the csv writer does the quoting)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def csv_lines(rows: Iterable[Iterable[Any]]) -> Iterator[str]:
+    """Each row as one CSV line, every cell through :func:`csv_cell`: how every CSV export
+    writes, so none can forget it."""
+    writer = csv.writer(_Echo())
+    for row in rows:
+        yield writer.writerow([csv_cell(cell) for cell in row])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from tasks_app import lists, presence, redaction, selectors, services
 from tasks_app.exceptions import InvalidInput, NotPermitted
 
-from . import forms
+from . import forms, presenters
 from .views import (
     EXPORT_AUDIT,
     VIEW_AUDIT,
@@ -88,37 +87,32 @@ def audit(request: ConsoleRequest) -> HttpResponse:
 AUDIT_COLUMNS = ["id", "created_at", "kind", "actor", "task_id", "step_id", "reason", "data"]
 
 
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
 @require_GET
 @permission_required(EXPORT_AUDIT, raise_exception=True)
 def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
     """The filtered audit log as CSV, streamed row by row, newest first; what producers and
-    people wrote is redacted as everywhere else (``tasks_app.redaction``)."""
+    people wrote is redacted as everywhere else (``tasks_app.redaction``), and no cell is a
+    formula (``presenters.csv_lines``)."""
     form = forms.AuditFilterForm(request.GET)
     events = lists.audit_events(form.filters()).order_by("-id")
 
-    def rows() -> Iterator[str]:
-        writer = csv.writer(_Echo())
-        yield writer.writerow(AUDIT_COLUMNS)
+    def rows() -> Iterator[list[Any]]:
+        yield AUDIT_COLUMNS
         for event in events.iterator(chunk_size=2000):
-            yield writer.writerow(
-                [
-                    event.pk,
-                    event.created_at.isoformat(),
-                    event.kind,
-                    event.actor,
-                    event.task_id or "",
-                    event.step_id or "",
-                    redaction.redact_text(event.reason),
-                    _json_line(redaction.redact_event_data(event.data)),
-                ]
-            )
+            yield [
+                event.pk,
+                event.created_at.isoformat(),
+                event.kind,
+                event.actor,
+                event.task_id or "",
+                event.step_id or "",
+                redaction.redact_text(event.reason),
+                _json_line(redaction.redact_event_data(event.data)),
+            ]
 
-    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(
+        presenters.csv_lines(rows()), content_type="text/csv; charset=utf-8"
+    )
     response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
     return response
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.core.cache import cache
 from django.db.models import F
 from django.http.response import HttpResponseBase
@@ -623,6 +623,21 @@ def test_the_audit_export_shows_the_lease_tokens_of_the_systems_own_events(
     [claimed] = [json.loads(row[7]) for row in rows if row[4] == str(task.pk)]
     assert claimed["token"] == Step.objects.get(task=task).fencing_token == 1
     assert "producer-token" not in str(rows)
+
+
+FORMULAS = ['=HYPERLINK("http://x")', "+1", "-1", "@SUM(A1)", "\t=1", "\r=1"]
+
+
+def test_no_cell_of_the_audit_export_is_a_formula(auditor: User) -> None:
+    mallory = User.objects.create_user("@mallory", password="pw")
+    mallory.groups.add(Group.objects.get(name="oncall"))
+    services.pause_queue("default", actor=mallory, reason=FORMULAS[0])
+    for reason in FORMULAS[1:]:  # written as they are: the services strip a reason
+        Event.objects.create(kind="queue_resumed", actor="-cli:x", reason=reason, data={})
+    rows = export_rows(login(auditor))[1:]
+    assert sorted(row[6] for row in rows) == sorted("'" + reason for reason in FORMULAS)
+    assert {row[3] for row in rows} == {"'@mallory", "'-cli:x"}
+    assert not [cell for row in rows for cell in row if cell[:1] in ("=", "+", "-", "@")]
 
 
 def test_the_audit_log_filters_by_workflow(auditor: User) -> None:
