@@ -7,7 +7,6 @@ The templates escape everything they print; these only decide what text is shown
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -43,7 +42,7 @@ def restore_redacted(edited: Any, original: Any) -> Any:
 
 def pretty_json(value: Any) -> str:
     """Redacted, indented JSON for a ``<pre>`` block."""
-    return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    return redaction.redacted_json(value)
 
 
 # A cell starting with one of these is a formula to a spreadsheet (OWASP, "CSV Injection").

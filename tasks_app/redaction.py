@@ -22,6 +22,7 @@ to event data later is redacted until it is named there, which errs on the safe 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -121,6 +122,11 @@ def redact_text(text: str, patterns: Iterable[str] | None = None) -> str:
         done = start = value.end()
     parts.append(text[done:])
     return "".join(parts)
+
+
+def redacted_json(value: Any) -> str:
+    """``value`` redacted, as indented JSON for a page to show."""
+    return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
 
 def redact_event_data(
