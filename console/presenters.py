@@ -10,9 +10,8 @@ import csv
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tasks_app import redaction
+from tasks_app import exceptions, redaction
 from tasks_app.durations import short_duration as short_duration
-from tasks_app.exceptions import error_summary as error_summary
 from tasks_app.redaction import REDACTED as REDACTED
 
 
@@ -20,6 +19,16 @@ def redact(value: Any, patterns: Iterable[str] | None = None) -> Any:
     """A copy of ``value`` with the value of every secret key replaced, at any depth
     (:func:`tasks_app.redaction.is_secret_key`)."""
     return redaction.redact(value, patterns)
+
+
+def redact_text(text: str) -> str:
+    """Free text (an error, a reason) with the value after each secret key replaced."""
+    return redaction.redact_text(text)
+
+
+def error_summary(text: str) -> str:
+    """A stored error's last line (a traceback's says what went wrong), redacted."""
+    return redaction.redact_text(exceptions.error_summary(text))
 
 
 def restore_redacted(edited: Any, original: Any) -> Any:

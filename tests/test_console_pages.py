@@ -19,6 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals import services as approvals
+from approvals.models import ApprovalRequest
 from console.forms import ThrottledLoginForm
 from tasks_app import runner, services
 from tasks_app.models import Event, Step, StepStatus, Task, TaskStatus
@@ -135,6 +136,37 @@ def test_secret_keys_are_redacted_at_any_depth(superuser: User) -> None:
     for secret in ("hunter2", "k-123", "Bearer abc"):
         assert secret not in page
     assert page.count("•••redacted•••") >= 3
+
+
+def test_errors_and_reasons_quoting_secrets_are_shown_without_them(
+    superuser: User, oncall: User
+) -> None:
+    payload = {"api_token": "tok-5ecret", "nested": [{"Client-Secret": "cs-5ecret"}]}
+    task = dead_task({"error": "permanent", "fail_first": 1, **payload})
+    quoted = f"tasks_app.exceptions.PermanentError: remote refused {payload!r}"
+    Step.objects.filter(task=task).update(
+        last_error=f"Traceback (most recent call last):\n{quoted}"
+    )
+    cancelled = dead_task()
+    services.cancel(cancelled, actor=oncall, reason="leaked session_id=sess-5ecret, giving up")
+    client = login(superuser)
+    for url in (f"/tasks/{task.pk}/", f"/tasks/{cancelled.pk}/", "/dead/", "/audit/"):
+        page = body(client.get(url))
+        for secret in ("tok-5ecret", "cs-5ecret", "sess-5ecret"):
+            assert secret not in page, (url, secret)
+    detail = body(client.get(f"/tasks/{task.pk}/"))
+    assert "&#x27;api_token&#x27;: •••redacted•••" in detail
+    assert "session_id=•••redacted•••, giving up" in body(client.get(f"/tasks/{cancelled.pk}/"))
+
+
+def test_a_draft_under_review_shows_no_secret(editor: User, author: User) -> None:
+    request = pending_request(advance(article(actor=author)))
+    ApprovalRequest.objects.filter(pk=request.pk).update(
+        draft={"title": "Launch day", "api_token": "tok-5ecret"}
+    )
+    page = body(login(editor).get(f"/approvals/{request.pk}/"))
+    assert "Launch day" in page and "tok-5ecret" not in page
+    assert "•••redacted•••" in page
 
 
 # --- the overview ---------------------------------------------------------------------------
