@@ -8,7 +8,8 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
@@ -77,6 +78,9 @@ def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
 @permission_required(VIEW_AUDIT, raise_exception=True)
 def audit(request: ConsoleRequest) -> HttpResponse:
     form = forms.AuditFilterForm(request.GET)
+    if not form.is_valid():
+        context = {"form": form, "problems": forms.named_errors(form)}
+        return render_page(request, "console/audit.html", context, partial="results", status=400)
     page = lists.audit_page(form.filters(), after=form.cursor())
     workflows = lists.task_workflows([e.task_id for e in page.rows if e.task_id])
     rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
@@ -89,11 +93,15 @@ AUDIT_COLUMNS = ["id", "created_at", "kind", "actor", "task_id", "step_id", "rea
 
 @require_GET
 @permission_required(EXPORT_AUDIT, raise_exception=True)
-def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
+def audit_export(request: ConsoleRequest) -> HttpResponseBase:
     """The filtered audit log as CSV, streamed row by row, newest first; what producers and
     people wrote is redacted as everywhere else (``tasks_app.redaction``), and no cell is a
-    formula (``presenters.csv_lines``)."""
+    formula (``presenters.csv_lines``). A bad filter answers 400 naming it, never a wider
+    export."""
     form = forms.AuditFilterForm(request.GET)
+    if not form.is_valid():
+        problems = "\n".join(forms.named_errors(form))
+        return HttpResponseBadRequest(problems + "\n", content_type="text/plain; charset=utf-8")
     events = lists.audit_events(form.filters()).order_by("-id")
 
     def rows() -> Iterator[list[Any]]:

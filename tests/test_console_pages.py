@@ -672,6 +672,45 @@ def test_no_cell_of_the_audit_export_is_a_formula(auditor: User) -> None:
     assert not [cell for row in rows for cell in row if cell[:1] in ("=", "+", "-", "@")]
 
 
+BAD_AUDIT_FILTERS = [
+    ({"since": "not-a-date"}, "since: a date and time, such as 2026-11-30"),
+    ({"until": "2026-13-45"}, "until: a date and time"),
+    ({"since": "2026-11-30", "until": "2026-11-29"}, "until: must be later than since"),
+    ({"kind": "bogus"}, "kind: 'bogus' is not an event kind"),
+    ({"workflow": "no.such"}, "workflow: 'no.such' is not a registered workflow"),
+    ({"actor": "a" * 151}, "actor: at most 150 characters"),
+    ({"after": "0"}, "after: a whole number from 1"),
+]
+
+
+@pytest.mark.parametrize(("query", "message"), BAD_AUDIT_FILTERS)
+def test_a_bad_audit_filter_is_refused_naming_the_field_and_never_widens_the_export(
+    auditor: User, oncall: User, query: dict[str, str], message: str
+) -> None:
+    services.pause_queue("default", actor=oncall, reason="incident 9")
+    client = login(auditor)
+    export = client.get("/audit/export.csv", query)
+    assert export.status_code == 400
+    assert export["Content-Type"].startswith("text/plain")
+    assert message in export.content.decode() and "incident 9" not in export.content.decode()
+
+    page = client.get("/audit/", query)
+    assert page.status_code == 400
+    assert message in body(page).replace("&#x27;", "'")
+    assert 'class="notice error"' in body(page) and "incident 9" not in body(page)
+    partial = client.get("/audit/", query, headers=HTMX)
+    assert partial.status_code == 400
+    assert message in body(partial).replace("&#x27;", "'")
+    assert body(partial).lstrip().startswith('<section id="results"')
+
+
+def test_a_bad_date_on_the_audit_page_is_shown_on_its_field(auditor: User) -> None:
+    page = body(login(auditor).get("/audit/", {"since": "not-a-date"}))
+    field = page.split('<label for="id_since">')[0].rsplit('<div class="field', 1)[1]
+    assert field.startswith(" invalid")
+    assert 'class="field-error" role="alert">since: a date and time' in page
+
+
 def test_the_audit_log_filters_by_workflow(auditor: User) -> None:
     dead = dead_task()
     services.enqueue("demo.noop", {})
