@@ -1,12 +1,15 @@
-"""Approval requests in the admin, read-only: decisions go through approvals.services."""
+"""Approval requests in the admin, read-only: decisions go through approvals.services. The
+draft and the comment are shown redacted, as everywhere else."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from django.contrib import admin
+from django.utils.safestring import SafeString
 
 from tasks_app.admin import ReadOnlyMixin
+from tasks_app.admin_parts import json_block, text_block
 
 from .models import ApprovalRequest
 
@@ -32,4 +35,17 @@ class ApprovalRequestAdmin(ReadOnlyMixin, RequestModelAdmin):
     list_filter = ("status", "action", "approver_group")
     search_fields = ("task__idempotency_key", "requested_by", "decided_by")
     list_select_related = ("task",)
-    readonly_fields = [field.name for field in ApprovalRequest._meta.fields]
+    # The draft and the comment came from handlers and people: shown redacted.
+    readonly_fields = tuple(
+        {"draft": "draft_shown", "comment": "comment_shown"}.get(field.name, field.name)
+        for field in ApprovalRequest._meta.fields
+    )
+    fields = readonly_fields
+
+    @admin.display(description="Draft")
+    def draft_shown(self, request: ApprovalRequest) -> SafeString:
+        return json_block(request.draft)
+
+    @admin.display(description="Comment")
+    def comment_shown(self, request: ApprovalRequest) -> SafeString:
+        return text_block(request.comment)

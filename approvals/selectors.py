@@ -10,6 +10,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from tasks_app.models import Step
+from tasks_app.redaction import redact
 from tasks_app.services import Actor
 
 from .models import ApprovalRequest, ApprovalStatus
@@ -102,7 +103,8 @@ def _fields(draft: Any, previous: Any) -> list[DraftField]:
 
 
 def review(request: ApprovalRequest) -> Review:
-    """Everything an editor needs to decide ``request``."""
+    """Everything an editor needs to decide ``request`` (the draft with secret keys
+    redacted; the decision carries the hash of the stored draft)."""
     earlier = list(
         ApprovalRequest.objects.filter(task_id=request.task_id, id__lt=request.pk).order_by("id")
     )
@@ -123,7 +125,8 @@ def review(request: ApprovalRequest) -> Review:
     )
     return Review(
         request=request,
-        fields=_fields(request.draft, previous.draft if previous else None),
+        # Secret keys are no editor's business: their values are redacted, as on every page.
+        fields=_fields(redact(request.draft), redact(previous.draft) if previous else None),
         previous=previous,
         earlier=earlier,
         next_step=next_step,

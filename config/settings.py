@@ -403,13 +403,33 @@ except ValueError as exc:
 
 # --- the console ---------------------------------------------------------------------
 
-# Keys whose values the console never shows (matched case-insensitively, at any depth).
-CONSOLE_REDACT_KEYS = env_list(
-    "CONSOLE_REDACT_KEYS", ["password", "token", "secret", "api_key", "authorization"]
+# Secrets never leave in clear (the console, the admin, the audit CSV, the log): the value
+# of a key whose name contains one of these, compared case-insensitively with "-", "_" and
+# spaces ignored, at any depth, and in free text after "key=" or "key:" (tasks_app.redaction).
+REDACT_KEY_PATTERNS = env_list(
+    "REDACT_KEY_PATTERNS",
+    [
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "api_key",
+        "apikey",
+        "authorization",
+        "cookie",
+        "session",
+        "private_key",
+        "credential",
+    ],
 )
-# Keys whose values the operational log never writes (tasks_app.oplog; same matching);
-# by default the console's.
-TASKS_LOG_REDACT_KEYS = env_list("TASKS_LOG_REDACT_KEYS", CONSOLE_REDACT_KEYS)
+# The exact key lists this replaced (the console's and the log's) are still read, as more
+# patterns: a deployment that set them hides at least what it hid before.
+REDACT_KEY_PATTERNS += [
+    key
+    for name in ("CONSOLE_REDACT_KEYS", "TASKS_LOG_REDACT_KEYS")
+    for key in env_list(name, [])
+    if key not in REDACT_KEY_PATTERNS
+]
 # The most tasks one bulk action on dead letters may change.
 CONSOLE_BULK_LIMIT = env_int("CONSOLE_BULK_LIMIT", 1000)
 # How long a bulk action's preview (its plan) may be confirmed.

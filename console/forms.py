@@ -138,16 +138,59 @@ class DeadFilterForm(_Filter):
         )
 
 
+# What a date-and-time filter accepts (forms.DateTimeField's formats, read as UTC).
+DATETIME_RULE = "a date and time, such as 2026-11-30 or 2026-11-30 13:05 (UTC)"
+
+
 class AuditFilterForm(_Filter):
-    actor = forms.CharField(required=False, max_length=150)
-    kind = forms.ChoiceField(required=False, label="Action", choices=_choices(EventKind.values))
-    workflow = forms.ChoiceField(required=False)
-    since = forms.DateTimeField(required=False, help_text="At or after (UTC)")
-    until = forms.DateTimeField(required=False, help_text="Before (UTC)")
+    """The audit log's filter. Unlike the lists' filters, a bad value is refused, never
+    left out: an auditor's export must hold what was asked for, not everything."""
+
+    after = forms.IntegerField(
+        required=False,
+        min_value=1,
+        widget=forms.HiddenInput,
+        error_messages={
+            "invalid": "after: a whole number (the id an older page starts below)",
+            "min_value": "after: a whole number from %(limit_value)s",
+        },
+    )
+    actor = forms.CharField(
+        required=False,
+        max_length=150,
+        error_messages={"max_length": "actor: at most %(limit_value)d characters"},
+    )
+    kind = forms.ChoiceField(
+        required=False,
+        label="Action",
+        choices=_choices(EventKind.values),
+        error_messages={"invalid_choice": "kind: %(value)r is not an event kind"},
+    )
+    workflow = forms.ChoiceField(
+        required=False,
+        error_messages={"invalid_choice": "workflow: %(value)r is not a registered workflow"},
+    )
+    since = forms.DateTimeField(
+        required=False,
+        help_text="At or after (UTC)",
+        error_messages={"invalid": f"since: {DATETIME_RULE}"},
+    )
+    until = forms.DateTimeField(
+        required=False,
+        help_text="Before (UTC)",
+        error_messages={"invalid": f"until: {DATETIME_RULE}"},
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _set_choices(self, workflow=workflow_names())
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        since, until = data.get("since"), data.get("until")
+        if since and until and until <= since:
+            self.add_error("until", "until: must be later than since")
+        return data
 
     def filters(self) -> AuditFilter:
         data = self.cleaned_data if self.is_valid() else {}
@@ -158,6 +201,16 @@ class AuditFilterForm(_Filter):
             since=data.get("since"),
             until=data.get("until"),
         )
+
+
+def named_errors(form: forms.Form) -> list[str]:
+    """Each of the form's errors as ``field: rule``, for a notice or a plain-text answer
+    (a message that already starts with its field's name is left as it is)."""
+    named = []
+    for name, messages in form.errors.items():
+        for message in map(str, messages):
+            named.append(message if message.startswith(f"{name}:") else f"{name}: {message}")
+    return named
 
 
 # --- actions ------------------------------------------------------------------------------

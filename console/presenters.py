@@ -1,26 +1,34 @@
-"""How the console shows values: secrets redacted, JSON pretty-printed, durations short.
+"""How the console shows values: secrets redacted, JSON pretty-printed, durations short,
+CSV cells that no spreadsheet reads as a formula.
 
 The templates escape everything they print; these only decide what text is shown.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
+import csv
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.conf import settings
-
-from tasks_app import redaction
+from tasks_app import exceptions, redaction
 from tasks_app.durations import short_duration as short_duration
-from tasks_app.exceptions import error_summary as error_summary
 from tasks_app.redaction import REDACTED as REDACTED
 
 
-def redact(value: Any, keys: Iterable[str] | None = None) -> Any:
-    """A copy of ``value`` with the value of every secret key replaced, at any depth: the
-    keys of ``CONSOLE_REDACT_KEYS`` unless ``keys`` are given."""
-    return redaction.redact(value, settings.CONSOLE_REDACT_KEYS if keys is None else keys)
+def redact(value: Any, patterns: Iterable[str] | None = None) -> Any:
+    """A copy of ``value`` with the value of every secret key replaced, at any depth
+    (:func:`tasks_app.redaction.is_secret_key`)."""
+    return redaction.redact(value, patterns)
+
+
+def redact_text(text: str) -> str:
+    """Free text (an error, a reason) with the value after each secret key replaced."""
+    return redaction.redact_text(text)
+
+
+def error_summary(text: str) -> str:
+    """A stored error's last line (a traceback's says what went wrong), redacted."""
+    return redaction.redact_text(exceptions.error_summary(text))
 
 
 def restore_redacted(edited: Any, original: Any) -> Any:
@@ -43,4 +51,28 @@ def restore_redacted(edited: Any, original: Any) -> Any:
 
 def pretty_json(value: Any) -> str:
     """Redacted, indented JSON for a ``<pre>`` block."""
-    return json.dumps(redact(value), indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    return redaction.redacted_json(value)
+
+
+# A cell starting with one of these is a formula to a spreadsheet (OWASP, "CSV Injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> str:
+    """``value`` as a CSV cell a spreadsheet shows as text: one that would start a formula
+    gets a leading single quote, as OWASP advises (the csv writer does the quoting)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def csv_lines(rows: Iterable[Iterable[Any]]) -> Iterator[str]:
+    """Each row as one CSV line, every cell through :func:`csv_cell`: how every CSV export
+    writes, so none can forget it."""
+    writer = csv.writer(_Echo())
+    for row in rows:
+        yield writer.writerow([csv_cell(cell) for cell in row])

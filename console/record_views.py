@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterator
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from tasks_app import lists, presence, selectors, services
+from tasks_app import lists, presence, redaction, selectors, services
 from tasks_app.exceptions import InvalidInput, NotPermitted
 
-from . import errors, forms
+from . import errors, forms, presenters
 from .views import (
     EXPORT_AUDIT,
     VIEW_AUDIT,
@@ -87,6 +87,9 @@ def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
 @permission_required(VIEW_AUDIT, raise_exception=True)
 def audit(request: ConsoleRequest) -> HttpResponse:
     form = forms.AuditFilterForm(request.GET)
+    if not form.is_valid():
+        context = {"form": form, "problems": forms.named_errors(form)}
+        return render_page(request, "console/audit.html", context, partial="results", status=400)
     page = lists.audit_page(form.filters(), after=form.cursor())
     workflows = lists.task_workflows([e.task_id for e in page.rows if e.task_id])
     rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
@@ -97,36 +100,36 @@ def audit(request: ConsoleRequest) -> HttpResponse:
 AUDIT_COLUMNS = ["id", "created_at", "kind", "actor", "task_id", "step_id", "reason", "data"]
 
 
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
 @require_GET
 @permission_required(EXPORT_AUDIT, raise_exception=True)
-def audit_export(request: ConsoleRequest) -> StreamingHttpResponse:
-    """The filtered audit log as CSV, streamed row by row, newest first."""
+def audit_export(request: ConsoleRequest) -> HttpResponseBase:
+    """The filtered audit log as CSV, streamed row by row, newest first; what producers and
+    people wrote is redacted as everywhere else (``tasks_app.redaction``), and no cell is a
+    formula (``presenters.csv_lines``). A bad filter answers 400 naming it, never a wider
+    export."""
     form = forms.AuditFilterForm(request.GET)
+    if not form.is_valid():
+        problems = "\n".join(forms.named_errors(form))
+        return HttpResponseBadRequest(problems + "\n", content_type="text/plain; charset=utf-8")
     events = lists.audit_events(form.filters()).order_by("-id")
 
-    def rows() -> Iterator[str]:
-        writer = csv.writer(_Echo())
-        yield writer.writerow(AUDIT_COLUMNS)
+    def rows() -> Iterator[list[Any]]:
+        yield AUDIT_COLUMNS
         for event in events.iterator(chunk_size=2000):
-            yield writer.writerow(
-                [
-                    event.pk,
-                    event.created_at.isoformat(),
-                    event.kind,
-                    event.actor,
-                    event.task_id or "",
-                    event.step_id or "",
-                    event.reason,
-                    _json_line(event.data),
-                ]
-            )
+            yield [
+                event.pk,
+                event.created_at.isoformat(),
+                event.kind,
+                event.actor,
+                event.task_id or "",
+                event.step_id or "",
+                redaction.redact_text(event.reason),
+                _json_line(redaction.redact_event_data(event.data)),
+            ]
 
-    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(
+        presenters.csv_lines(rows()), content_type="text/csv; charset=utf-8"
+    )
     response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
     return response
 

@@ -1,4 +1,5 @@
-"""The admin, for staff: it shows everything, enqueues through ``services.enqueue`` and
+"""The admin, for staff: it shows everything but secrets (payloads, results, errors and
+event data redacted as on the console's pages), enqueues through ``services.enqueue`` and
 runs the operator actions through the services, with the user as the actor, so the same
 rules and permissions apply as on every other way in. It never writes a status, a token
 or history itself, and nothing can be changed or deleted here.
@@ -28,10 +29,14 @@ from .admin_parts import (
     QueueFilter,
     WorkflowFilter,
     conflict_message,
+    event_rows,
     html_table,
+    json_block,
+    text_block,
 )
 from .exceptions import IdempotencyConflict, InvalidInput, NotPermitted
 from .models import Event, Lease, Step, Task
+from .redaction import redact_text
 
 # The admin's classes are generic only to the type checker (subscripting them at run time
 # needs django-stubs-ext, a development dependency).
@@ -72,10 +77,18 @@ class StepInline(ReadOnlyMixin, TabularInline):
         "lease_expires_at",
         "idempotency_key",
         "error_class",
-        "last_error",
-        "result",
+        "error",
+        "step_result",
     )
     readonly_fields = fields
+
+    @admin.display(description="Last error")
+    def error(self, step: Step) -> SafeString:
+        return text_block(step.last_error)
+
+    @admin.display(description="Result")
+    def step_result(self, step: Step) -> SafeString:
+        return json_block(step.result)
 
 
 @admin.register(Task)
@@ -108,7 +121,7 @@ class TaskAdmin(ReadOnlyMixin, TaskModelAdmin):
         "queue",
         "priority",
         "idempotency_key",
-        "payload",
+        "payload_shown",
         "payload_hash",
         "created_by",
         "created_by_user",
@@ -346,7 +359,9 @@ class TaskAdmin(ReadOnlyMixin, TaskModelAdmin):
                 messages.WARNING,
             )
         for pk, why in report.skipped:
-            self.message_user(request, f"Task #{pk} not {action.done}: {why}", messages.WARNING)
+            self.message_user(
+                request, f"Task #{pk} not {action.done}: {redact_text(why)}", messages.WARNING
+            )
 
     # --- the change page: read-only --------------------------------------------------------
 
@@ -369,10 +384,13 @@ class TaskAdmin(ReadOnlyMixin, TaskModelAdmin):
             ),
         )
 
+    @admin.display(description="Payload")
+    def payload_shown(self, task: Task) -> SafeString:
+        return json_block(task.payload)
+
     @admin.display(description="Event timeline")
     def timeline(self, task: Task) -> SafeString:
-        events = Event.objects.for_task(task.pk)
         return html_table(
             ("at", "event", "step", "actor", "reason", "data"),
-            ((e.created_at, e.kind, e.step_id or "", e.actor, e.reason, e.data) for e in events),
+            event_rows(Event.objects.for_task(task.pk)),
         )

@@ -1,8 +1,10 @@
 """The task admin's parts: changelist filters, the operator actions it offers, and the
-escaped HTML its read-only pages show."""
+escaped HTML its read-only pages show, with what producers and people wrote redacted
+(``tasks_app.redaction``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .exceptions import IdempotencyConflict
-from .models import Task
+from .models import Event, Task
+from .redaction import redact_event_data, redact_text, redacted_json
 from .workflows import registry
 
 # --- changelist filters and search -----------------------------------------------------------
@@ -119,3 +122,32 @@ def html_table(headers: tuple[str, ...], rows: Any) -> SafeString:
         ((format_html_join("", "<td>{}</td>", ((cell,) for cell in row)),) for row in rows),
     )
     return format_html("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", head, body)
+
+
+def json_block(value: Any) -> SafeString:
+    """A payload, a result or a draft: redacted, indented JSON, escaped."""
+    if value is None:
+        return format_html("{}", "—")
+    return format_html('<pre class="redacted-json">{}</pre>', redacted_json(value))
+
+
+def text_block(text: str) -> SafeString:
+    """Free text (an error, a comment) with the values of secret keys removed, escaped."""
+    if not text:
+        return format_html("{}", "")
+    return format_html('<pre class="redacted-text">{}</pre>', redact_text(text))
+
+
+def event_rows(events: Iterable[Event]) -> Iterator[tuple[Any, ...]]:
+    """The rows of an event timeline: the reason and the data as they may leave."""
+    return (
+        (
+            event.created_at,
+            event.kind,
+            event.step_id or "",
+            event.actor,
+            redact_text(event.reason),
+            redact_event_data(event.data),
+        )
+        for event in events
+    )

@@ -16,8 +16,8 @@ short error, the reason and the delay before a retry::
 (one line; ``TASKS_LOG_FORMAT=json`` writes the same fields as JSON, ``config.logs``).
 
 What a line may carry is listed here, by name: never a payload or a result. Free text (an
-error, a reason) is cut short and has the values of ``TASKS_LOG_REDACT_KEYS`` removed, as
-has any dict a line carries.
+error, a reason) is cut short and has the values of secret keys removed, as has any dict a
+line carries (``tasks_app.redaction``, with ``REDACT_KEY_PATTERNS``).
 
 The hook is :func:`log_event`, which ``transitions.record_event`` calls for every event
 the ORM writes; the SQL batch path writes only claims, successes and the ``cancelled`` of
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 
 from .exceptions import error_summary
@@ -122,9 +121,8 @@ def event_fields(
     fields["reason"] = _short(event.reason) or None
     for name in FROM_DATA:
         fields[name] = data.get(name)
-    keys = settings.TASKS_LOG_REDACT_KEYS
     return {
-        name: redact(value, keys) if isinstance(value, dict | list) else value
+        name: redact(value) if isinstance(value, dict | list) else value
         for name, value in fields.items()
         if value is not None and value != ""
     }
@@ -210,5 +208,5 @@ def _short_error(text: str, error_class: str) -> str:
 
 
 def _short(text: str) -> str:
-    text = redact_text(" ".join(text.split()), settings.TASKS_LOG_REDACT_KEYS)
+    text = redact_text(" ".join(text.split()))
     return text if len(text) <= SHORT else text[: SHORT - 1] + "…"

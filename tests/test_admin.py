@@ -501,6 +501,55 @@ def test_approval_requests_cannot_be_added_changed_or_deleted_in_the_admin(
     assert request.status == ApprovalStatus.PENDING
 
 
+# --- secrets -----------------------------------------------------------------------------------
+
+SECRETS = {"password": "hunter2", "api_token": "abc123", "nested": [{"Client-Secret": "x-9"}]}
+SECRET_VALUES = ("hunter2", "abc123", "x-9", "s3ss10n")
+
+
+@pytest.mark.django_db
+def test_the_task_page_and_the_list_show_no_secret_of_a_task(
+    admin_client_logged_in: Client, oncall: User
+) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 1, **SECRETS})
+    Step.objects.filter(task=task).update(
+        last_error="PermanentError: refused {'api_token': 'abc123'} session_id=s3ss10n"
+    )
+    services.redrive(
+        task,
+        actor=oncall,
+        reason="fixed, password=hunter2",
+        payload={"error": "permanent", "fail_first": 1, **SECRETS},
+    )
+    runner.run_task_steps(task)
+    change = admin_client_logged_in.get(change_url(task))
+    listed = admin_client_logged_in.get(reverse(CHANGELIST_URL))
+    for response in (change, listed):
+        assert response.status_code == 200
+        page = response.content.decode()
+        for secret in SECRET_VALUES:
+            assert secret not in page, secret
+    page = change.content.decode()
+    assert "•••redacted•••" in page and "old_payload" in page  # the redrive's event
+    # The lease tokens of the system's own events are shown.
+    assert "&#x27;token&#x27;: 2" in page
+
+
+@pytest.mark.django_db
+def test_an_approval_request_page_shows_no_secret_of_its_draft_or_comment(
+    admin_client_logged_in: Client,
+) -> None:
+    request = pending_request(advance(article()))
+    ApprovalRequest.objects.filter(pk=request.pk).update(
+        draft={"title": "Launch", **SECRETS}, comment="use password=hunter2"
+    )
+    change = reverse("admin:approvals_approvalrequest_change", args=[request.pk])
+    page = admin_client_logged_in.get(change).content.decode()
+    assert "Launch" in page
+    for secret in SECRET_VALUES:
+        assert secret not in page, secret
+
+
 # --- the changelist and the way to the console and back ---------------------------------------
 
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.core.cache import cache
 from django.db.models import F
 from django.http.response import HttpResponseBase
@@ -19,6 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals import services as approvals
+from approvals.models import ApprovalRequest
 from console.forms import ThrottledLoginForm
 from tasks_app import runner, services
 from tasks_app.models import Event, Step, StepStatus, Task, TaskStatus
@@ -136,6 +137,37 @@ def test_secret_keys_are_redacted_at_any_depth(superuser: User) -> None:
     for secret in ("hunter2", "k-123", "Bearer abc"):
         assert secret not in page
     assert page.count("•••redacted•••") >= 3
+
+
+def test_errors_and_reasons_quoting_secrets_are_shown_without_them(
+    superuser: User, oncall: User
+) -> None:
+    payload = {"api_token": "tok-5ecret", "nested": [{"Client-Secret": "cs-5ecret"}]}
+    task = dead_task({"error": "permanent", "fail_first": 1, **payload})
+    quoted = f"tasks_app.exceptions.PermanentError: remote refused {payload!r}"
+    Step.objects.filter(task=task).update(
+        last_error=f"Traceback (most recent call last):\n{quoted}"
+    )
+    cancelled = dead_task()
+    services.cancel(cancelled, actor=oncall, reason="leaked session_id=sess-5ecret, giving up")
+    client = login(superuser)
+    for url in (f"/tasks/{task.pk}/", f"/tasks/{cancelled.pk}/", "/dead/", "/audit/"):
+        page = body(client.get(url))
+        for secret in ("tok-5ecret", "cs-5ecret", "sess-5ecret"):
+            assert secret not in page, (url, secret)
+    detail = body(client.get(f"/tasks/{task.pk}/"))
+    assert "&#x27;api_token&#x27;: •••redacted•••" in detail
+    assert "session_id=•••redacted•••, giving up" in body(client.get(f"/tasks/{cancelled.pk}/"))
+
+
+def test_a_draft_under_review_shows_no_secret(editor: User, author: User) -> None:
+    request = pending_request(advance(article(actor=author)))
+    ApprovalRequest.objects.filter(pk=request.pk).update(
+        draft={"title": "Launch day", "api_token": "tok-5ecret"}
+    )
+    page = body(login(editor).get(f"/approvals/{request.pk}/"))
+    assert "Launch day" in page and "tok-5ecret" not in page
+    assert "•••redacted•••" in page
 
 
 # --- the overview ---------------------------------------------------------------------------
@@ -732,6 +764,101 @@ def test_the_audit_log_filters_and_exports_the_same_rows_as_csv(
     assert rows[0][:4] == ["id", "created_at", "kind", "actor"]
     assert [row[2] for row in rows[1:]] == ["queue_paused", "redriven"]
     assert all(row[3] == oncall.username for row in rows[1:])
+
+
+def export_rows(client: Client, **filters: str) -> list[list[str]]:
+    export = client.get("/audit/export.csv", filters)
+    assert export.status_code == 200 and export["Content-Type"].startswith("text/csv")
+    content = b"".join(export.streaming_content)  # type: ignore[attr-defined]
+    return list(csv.reader(io.StringIO(content.decode())))
+
+
+SECRETS = {"password": "hunter2", "api_token": "abc", "nested": [{"Client-Secret": "x"}]}
+
+
+def test_the_audit_export_keeps_the_secrets_of_a_redrive_with_changes_hidden(
+    auditor: User, oncall: User
+) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 1, **SECRETS})
+    services.redrive(
+        task,
+        actor=oncall,
+        reason="input fixed, password=hunter2",
+        payload={"error": "permanent", "fail_first": 0, **SECRETS, "api_token": "abc-new"},
+    )
+    rows = export_rows(login(auditor))
+    [redriven] = [row for row in rows if row[2] == "redriven"]
+    data = json.loads(redriven[7])
+    assert data["old_payload"]["password"] == "•••redacted•••"
+    assert data["new_payload"]["nested"] == [{"Client-Secret": "•••redacted•••"}]
+    assert redriven[6] == "input fixed, password=•••redacted•••"
+    exported = "\n".join(",".join(row) for row in rows)
+    for secret in ("hunter2", "abc", "abc-new", '"x"'):
+        assert secret not in exported, secret
+
+
+def test_the_audit_export_shows_the_lease_tokens_of_the_systems_own_events(
+    auditor: User,
+) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 1, "token": "producer-token"})
+    rows = export_rows(login(auditor), kind="claimed")
+    [claimed] = [json.loads(row[7]) for row in rows if row[4] == str(task.pk)]
+    assert claimed["token"] == Step.objects.get(task=task).fencing_token == 1
+    assert "producer-token" not in str(rows)
+
+
+FORMULAS = ['=HYPERLINK("http://x")', "+1", "-1", "@SUM(A1)", "\t=1", "\r=1"]
+
+
+def test_no_cell_of_the_audit_export_is_a_formula(auditor: User) -> None:
+    mallory = User.objects.create_user("@mallory", password="pw")
+    mallory.groups.add(Group.objects.get(name="oncall"))
+    services.pause_queue("default", actor=mallory, reason=FORMULAS[0])
+    for reason in FORMULAS[1:]:  # written as they are: the services strip a reason
+        Event.objects.create(kind="queue_resumed", actor="-cli:x", reason=reason, data={})
+    rows = export_rows(login(auditor))[1:]
+    assert sorted(row[6] for row in rows) == sorted("'" + reason for reason in FORMULAS)
+    assert {row[3] for row in rows} == {"'@mallory", "'-cli:x"}
+    assert not [cell for row in rows for cell in row if cell[:1] in ("=", "+", "-", "@")]
+
+
+BAD_AUDIT_FILTERS = [
+    ({"since": "not-a-date"}, "since: a date and time, such as 2026-11-30"),
+    ({"until": "2026-13-45"}, "until: a date and time"),
+    ({"since": "2026-11-30", "until": "2026-11-29"}, "until: must be later than since"),
+    ({"kind": "bogus"}, "kind: 'bogus' is not an event kind"),
+    ({"workflow": "no.such"}, "workflow: 'no.such' is not a registered workflow"),
+    ({"actor": "a" * 151}, "actor: at most 150 characters"),
+    ({"after": "0"}, "after: a whole number from 1"),
+]
+
+
+@pytest.mark.parametrize(("query", "message"), BAD_AUDIT_FILTERS)
+def test_a_bad_audit_filter_is_refused_naming_the_field_and_never_widens_the_export(
+    auditor: User, oncall: User, query: dict[str, str], message: str
+) -> None:
+    services.pause_queue("default", actor=oncall, reason="incident 9")
+    client = login(auditor)
+    export = client.get("/audit/export.csv", query)
+    assert export.status_code == 400
+    assert export["Content-Type"].startswith("text/plain")
+    assert message in export.content.decode() and "incident 9" not in export.content.decode()
+
+    page = client.get("/audit/", query)
+    assert page.status_code == 400
+    assert message in body(page).replace("&#x27;", "'")
+    assert 'class="notice error"' in body(page) and "incident 9" not in body(page)
+    partial = client.get("/audit/", query, headers=HTMX)
+    assert partial.status_code == 400
+    assert message in body(partial).replace("&#x27;", "'")
+    assert body(partial).lstrip().startswith('<section id="results"')
+
+
+def test_a_bad_date_on_the_audit_page_is_shown_on_its_field(auditor: User) -> None:
+    page = body(login(auditor).get("/audit/", {"since": "not-a-date"}))
+    field = page.split('<label for="id_since">')[0].rsplit('<div class="field', 1)[1]
+    assert field.startswith(" invalid")
+    assert 'class="field-error" role="alert">since: a date and time' in page
 
 
 def test_the_audit_log_filters_by_workflow(auditor: User) -> None:

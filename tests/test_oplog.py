@@ -427,8 +427,37 @@ def test_free_text_has_the_values_of_redacted_keys_removed(leaky: str, captured:
     assert paused["reason"] == "rotating password=•••redacted•••"
 
 
+QUOTING = "test.oplog.quoting"
+SECRETS = {"password": "hunter2", "api_token": "abc-tok", "nested": [{"Client-Secret": "x-cs"}]}
+
+
+def _quoting(ctx: StepContext) -> dict[str, Any]:
+    raise RetryableError(f"remote refused {ctx.payload!r}")
+
+
+def test_a_task_whose_error_quotes_its_payload_logs_none_of_its_secrets(
+    captured: Captured,
+) -> None:
+    register(Workflow(QUOTING, 1, steps=(StepSpec("quote", _quoting, max_attempts=1),)))
+    try:
+        task = services.enqueue(QUOTING, SECRETS).task
+        run(only_step(task))  # dead at once: one attempt
+        services.redrive(task, actor=ONCALL, reason="api_token=abc-tok rotated", payload=SECRETS)
+    finally:
+        registry.unregister(QUOTING, 1)
+
+    assert captured.kinds() == ["dead_lettered", "redriven"]
+    rendered = "\n".join(captured.rendered())
+    for secret in ("hunter2", "abc-tok", "x-cs"):
+        assert secret not in rendered, secret
+    [(_, dead), (_, redriven)] = captured.lines()
+    for key in ("'password'", "'api_token'", "'Client-Secret'"):
+        assert f"{key}: •••redacted•••" in dead["error"], key
+    assert redriven["reason"] == "api_token=•••redacted••• rotated"
+
+
 def test_the_redacted_keys_are_a_setting(settings: Any, captured: Captured) -> None:
-    settings.TASKS_LOG_REDACT_KEYS = ["ticket-id"]
+    settings.REDACT_KEY_PATTERNS = ["ticket-id"]
     services.pause_queue("default", actor=ONCALL, reason="ticket_id=T-99 api_key=visible")
 
     [(_, fields)] = captured.lines()

@@ -42,4 +42,11 @@ def label(value: str | None) -> str:
 
 @register.filter
 def error_summary(text: str | None) -> str:
+    """An error's last line, with the values of secret keys removed."""
     return presenters.error_summary(text or "")
+
+
+@register.filter
+def redact_text(text: str | None) -> str:
+    """Free text (an error, a reason) with the values of secret keys removed."""
+    return presenters.redact_text(text or "")
