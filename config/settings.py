@@ -58,6 +58,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_networks(
+    name: str, default: list[str]
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated networks (``10.0.0.0/8``); ``none`` for none."""
+    raw = env_list(name, default)
+    try:
+        return [ipaddress.ip_network(network) for network in raw if network != "none"]
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"{name} must be comma-separated networks (10.0.0.0/8), not {', '.join(raw)!r}: {exc}"
+        ) from None
+
+
 def env_url(name: str, default: str = "") -> str:
     raw = env_str(name)
     if not raw:
@@ -283,6 +296,11 @@ if PRODUCTION:
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
+# Proxies whose X-Forwarded-For is believed (comma-separated networks; none by default, so
+# a client's address is always the connecting one: config/addresses.py). Behind a proxy,
+# name its addresses; unset, every client has the proxy's address.
+TRUSTED_PROXY_NETWORKS = env_networks("DJANGO_TRUSTED_PROXIES", [])
+
 # --- the task system -------------------------------------------------------------------
 
 TASKS_QUEUES = env_list("TASKS_QUEUES", ["default"])
@@ -386,16 +404,7 @@ RETENTION_BATCH = env_int("RETENTION_BATCH", 500)
 # /metrics answers a request bearing this token ("Authorization: Bearer <token>") or coming
 # from one of these networks (the address the web process sees; "none" for no network).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
-_metrics_networks = env_list("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
-try:
-    METRICS_ALLOWED_NETWORKS = [
-        ipaddress.ip_network(network) for network in _metrics_networks if network != "none"
-    ]
-except ValueError as exc:
-    raise ImproperlyConfigured(
-        f"METRICS_ALLOWED_NETWORKS must be comma-separated networks (10.0.0.0/8), not "
-        f"{', '.join(_metrics_networks)!r}: {exc}"
-    ) from None
+METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
 
 # --- the console ---------------------------------------------------------------------
 
