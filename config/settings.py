@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -120,6 +121,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "axes",
     "django_htmx",
     "tasks_app",
     "approvals",
@@ -141,6 +143,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as axes asks: turns a login refused for a lockout into its answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -418,10 +422,36 @@ TASKS_LOG_REDACT_KEYS = env_list("TASKS_LOG_REDACT_KEYS", CONSOLE_REDACT_KEYS)
 # The most tasks one bulk action on dead letters may change.
 CONSOLE_BULK_LIMIT = env_int("CONSOLE_BULK_LIMIT", 1000)
 CONSOLE_PAGE_SIZE = env_int("CONSOLE_PAGE_SIZE", 50)
-# Failed logins: after this many for one username or one address within the window, the
-# login form refuses further tries until the window has passed.
-CONSOLE_LOGIN_ATTEMPTS = env_int("CONSOLE_LOGIN_ATTEMPTS", 5)
-CONSOLE_LOGIN_WINDOW_SECONDS = env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 900)
+
+# --- logins (django-axes) ----------------------------------------------------------------
+
+# Every login, the console's and the admin's, goes through axes' backend: after
+# CONSOLE_LOGIN_ATTEMPTS failures of one username from one address, that pair is refused
+# (even the right password) for CONSOLE_LOGIN_WINDOW_SECONDS after the last counted
+# failure. The pair, not either alone: a stranger elsewhere cannot lock a user out, and one
+# address (a shared office) cannot lock out its neighbours. Counted in the database, so it
+# neither depends on Redis nor forgets on a restart. Unlock: `manage.py
+# axes_reset_username USERNAME` (README, Logins).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_FAILURE_LIMIT = env_int("CONSOLE_LOGIN_ATTEMPTS", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 900))
+# Tries while locked out are refused without being counted, so the lockout ends when it
+# said it would; a successful login clears that pair's count.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = True
+# The address is the client's as config/addresses.py decides it: X-Forwarded-For only
+# from TRUSTED_PROXY_NETWORKS.
+AXES_CLIENT_IP_CALLABLE = "config.addresses.client_address"
+# The refused login page itself (its form says why), with axes' status (429).
+AXES_LOCKOUT_CALLABLE = "console.logins.lockout_response"
+AXES_HTTP_RESPONSE_CODE = 429
+# No table of every successful login: nothing would prune it.
+AXES_DISABLE_ACCESS_LOG = True
 
 # --- Celery (read by config/celery.py with namespace CELERY) ----------------------------
 
@@ -461,8 +491,8 @@ else:
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
-# The cache holds only short-lived counters (failed logins); shared through Redis when
-# there is one, so every web process sees the same counts.
+# Django's cache, shared through Redis when there is one. Nothing relies on it today:
+# failed logins are counted in PostgreSQL (axes' database handler).
 CACHES = {
     "default": (
         {

@@ -4,11 +4,14 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 
-from console import views as console_views
+from console import logins
+
+# The admin's login says so when axes refused it for a lockout, as the console's does.
+admin.site.login_form = logins.AdminLoginForm
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", console_views.login, name="login"),
+    path("accounts/login/", logins.login, name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("console.urls")),
 ]
