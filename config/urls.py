@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 
 from console import logins
@@ -11,8 +12,10 @@ admin.site.login_form = logins.AdminLoginForm
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
+    # Of django.contrib.auth's views only login and logout: no mail is sent from here, so
+    # the password-reset views could only fail (README, Logins: how a password is reset).
     path("accounts/login/", logins.login, name="login"),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("console.urls")),
 ]
 

@@ -1,6 +1,7 @@
 """Logging in: failed logins lock one username out from one address (django-axes, counted
 in the database), for the console's login and the admin's alike; the address is the
-connecting one unless a trusted proxy forwarded it; on-call unlocks with a command."""
+connecting one unless a trusted proxy forwarded it; on-call unlocks with a command; the
+password-reset pages are not served."""
 
 from __future__ import annotations
 
@@ -226,3 +227,35 @@ def test_behind_a_trusted_proxy_each_client_is_locked_out_on_its_own(
     client, other = log_in(oncall, right=True, address=PROXY, forwarded_for="198.51.100.8")
     assert other.status_code == 302
     assert logged_in(client, oncall)
+
+
+# --- pages not served -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/accounts/password_reset/",
+        "/accounts/password_reset/done/",
+        "/accounts/reset/MQ/set-password/",
+        "/accounts/reset/done/",
+        "/accounts/password_change/",
+        "/accounts/password_change/done/",
+    ],
+)
+def test_the_password_reset_and_change_pages_are_not_served(url: str, oncall: User) -> None:
+    anonymous = Client()
+    assert anonymous.get(url).status_code == 404
+    assert anonymous.post(url, {"email": "olivia@example.com"}).status_code == 404
+    signed_in = Client()
+    signed_in.force_login(oncall)
+    assert signed_in.get(url).status_code == 404
+
+
+def test_logging_out_still_works(oncall: User) -> None:
+    client = Client()
+    client.force_login(oncall)
+    response = client.post("/accounts/logout/")
+    assert response.status_code == 302
+    assert response["Location"] == "/accounts/login/"
+    assert not logged_in(client, oncall)
