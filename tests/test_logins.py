@@ -17,6 +17,8 @@ from django.db.models import F
 from django.http.response import HttpResponseBase
 from django.test import Client
 
+from console.logins import lockout_response
+
 pytestmark = pytest.mark.django_db
 
 LIMIT = 3
@@ -151,6 +153,15 @@ def test_console_and_admin_failures_count_together(superuser: User) -> None:
     log_in(superuser, right=False, url="/accounts/login/")
     client, right = log_in(superuser, right=True, url="/admin/login/")
     assert_locked_out(client, right, superuser)
+
+
+def test_a_lockout_without_a_page_to_keep_answers_with_the_console_login(rf: Any) -> None:
+    """Axes' asynchronous middleware hands over no response: the console's login page."""
+    response = lockout_response(rf.post("/accounts/login/"), None)
+    assert response.status_code == 429
+    page = body(response)
+    assert '<div class="notice error" role="alert"><p>Too many failed logins' in page
+    assert '<form method="post" action="/accounts/login/"' in page
 
 
 def test_logins_work_and_lock_out_while_redis_is_unreachable(oncall: User, settings: Any) -> None:
