@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -56,6 +57,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if not raw:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(
+    name: str, default: list[str]
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated networks (``10.0.0.0/8``); ``none`` for none."""
+    raw = env_list(name, default)
+    try:
+        return [ipaddress.ip_network(network) for network in raw if network != "none"]
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"{name} must be comma-separated networks (10.0.0.0/8), not {', '.join(raw)!r}: {exc}"
+        ) from None
 
 
 def env_url(name: str, default: str = "") -> str:
@@ -107,6 +121,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "axes",
     "django_htmx",
     "tasks_app",
     "approvals",
@@ -132,6 +147,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # A refused or missing object answers with the console's page, DEBUG or not.
     "console.errors.RefusalMiddleware",
+    # Last, as axes asks: turns a login refused for a lockout into its answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -287,6 +304,11 @@ if PRODUCTION:
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
+# Proxies whose X-Forwarded-For is believed (comma-separated networks; none by default, so
+# a client's address is always the connecting one: config/addresses.py). Behind a proxy,
+# name its addresses; unset, every client has the proxy's address.
+TRUSTED_PROXY_NETWORKS = env_networks("DJANGO_TRUSTED_PROXIES", [])
+
 # --- the task system -------------------------------------------------------------------
 
 TASKS_QUEUES = env_list("TASKS_QUEUES", ["default"])
@@ -390,16 +412,7 @@ RETENTION_BATCH = env_int("RETENTION_BATCH", 500)
 # /metrics answers a request bearing this token ("Authorization: Bearer <token>") or coming
 # from one of these networks (the address the web process sees; "none" for no network).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
-_metrics_networks = env_list("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
-try:
-    METRICS_ALLOWED_NETWORKS = [
-        ipaddress.ip_network(network) for network in _metrics_networks if network != "none"
-    ]
-except ValueError as exc:
-    raise ImproperlyConfigured(
-        f"METRICS_ALLOWED_NETWORKS must be comma-separated networks (10.0.0.0/8), not "
-        f"{', '.join(_metrics_networks)!r}: {exc}"
-    ) from None
+METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
 
 # --- the console ---------------------------------------------------------------------
 
@@ -435,10 +448,36 @@ CONSOLE_BULK_LIMIT = env_int("CONSOLE_BULK_LIMIT", 1000)
 # How long a bulk action's preview (its plan) may be confirmed.
 CONSOLE_BULK_PLAN_SECONDS = env_int("CONSOLE_BULK_PLAN_SECONDS", 900)
 CONSOLE_PAGE_SIZE = env_int("CONSOLE_PAGE_SIZE", 50)
-# Failed logins: after this many for one username or one address within the window, the
-# login form refuses further tries until the window has passed.
-CONSOLE_LOGIN_ATTEMPTS = env_int("CONSOLE_LOGIN_ATTEMPTS", 5)
-CONSOLE_LOGIN_WINDOW_SECONDS = env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 900)
+
+# --- logins (django-axes) ----------------------------------------------------------------
+
+# Every login, the console's and the admin's, goes through axes' backend: after
+# CONSOLE_LOGIN_ATTEMPTS failures of one username from one address, that pair is refused
+# (even the right password) for CONSOLE_LOGIN_WINDOW_SECONDS after the last counted
+# failure. The pair, not either alone: a stranger elsewhere cannot lock a user out, and one
+# address (a shared office) cannot lock out its neighbours. Counted in the database, so it
+# neither depends on Redis nor forgets on a restart. Unlock: `manage.py
+# axes_reset_username USERNAME` (README, Logins).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_FAILURE_LIMIT = env_int("CONSOLE_LOGIN_ATTEMPTS", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 900))
+# Tries while locked out are refused without being counted, so the lockout ends when it
+# said it would; a successful login clears that pair's count.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = True
+# The address is the client's as config/addresses.py decides it: X-Forwarded-For only
+# from TRUSTED_PROXY_NETWORKS.
+AXES_CLIENT_IP_CALLABLE = "config.addresses.client_address"
+# The refused login page itself (its form says why), with axes' status (429).
+AXES_LOCKOUT_CALLABLE = "console.logins.lockout_response"
+AXES_HTTP_RESPONSE_CODE = 429
+# No table of every successful login: nothing would prune it.
+AXES_DISABLE_ACCESS_LOG = True
 
 # --- Celery (read by config/celery.py with namespace CELERY) ----------------------------
 
@@ -478,8 +517,8 @@ else:
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
-# The cache holds only short-lived counters (failed logins); shared through Redis when
-# there is one, so every web process sees the same counts.
+# Django's cache, shared through Redis when there is one. Nothing relies on it today:
+# failed logins are counted in PostgreSQL (axes' database handler).
 CACHES = {
     "default": (
         {

@@ -2,9 +2,13 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 
-from console import views as console_views
+from console import logins
+
+# The admin's login says so when axes refused it for a lockout, as the console's does.
+admin.site.login_form = logins.AdminLoginForm
 
 handler400 = "console.errors.bad_request"
 handler403 = "console.errors.permission_denied"
@@ -13,8 +17,10 @@ handler500 = "console.errors.server_error"
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", console_views.login, name="login"),
-    path("accounts/", include("django.contrib.auth.urls")),
+    # Of django.contrib.auth's views only login and logout: no mail is sent from here, so
+    # the password-reset views could only fail (README, Logins: how a password is reset).
+    path("accounts/login/", logins.login, name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("console.urls")),
 ]
 

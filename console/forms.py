@@ -9,23 +9,17 @@ field it names.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
-from django.contrib.auth.forms import AuthenticationForm
-from django.core.cache import cache
 
 from tasks_app import validation
 from tasks_app.exceptions import InvalidInput
 from tasks_app.lists import AuditFilter, DeadFilter, TaskFilter, workflow_names
 from tasks_app.models import EventKind, TaskStatus
 from tasks_app.task_actions import ACTIONS
-
-logger = logging.getLogger(__name__)
 
 
 def _choices(values: list[str], blank: str = "any") -> list[tuple[str, str]]:
@@ -298,47 +292,3 @@ class DecisionForm(forms.Form):
         help_text="Required to reject or to request changes.",
     )
     draft_hash = forms.CharField(max_length=64, widget=forms.HiddenInput)
-
-
-# --- login ----------------------------------------------------------------------------------
-
-
-class ThrottledLoginForm(AuthenticationForm):
-    """Django's login form, refusing further tries after too many failures for one
-    username or one address within the window (counted in the shared cache)."""
-
-    @staticmethod
-    def counter_keys(username: str, address: str) -> list[str]:
-        return [f"login-fail:user:{username.strip().lower()}", f"login-fail:addr:{address}"]
-
-    def clean(self) -> dict[str, Any]:
-        address = self.request.META.get("REMOTE_ADDR", "") if self.request else ""
-        keys = self.counter_keys(self.cleaned_data.get("username") or "", address)
-        limit = settings.CONSOLE_LOGIN_ATTEMPTS
-        failures = _counted(lambda: [cache.get(key) or 0 for key in keys]) or []
-        if any(count >= limit for count in failures):
-            minutes = max(settings.CONSOLE_LOGIN_WINDOW_SECONDS // 60, 1)
-            raise forms.ValidationError(
-                f"Too many failed logins: try again in {minutes} minutes.", code="throttled"
-            )
-        try:
-            return super().clean()
-        except forms.ValidationError:
-            _counted(lambda: [_count_failure(key) for key in keys])
-            raise
-
-
-def _count_failure(key: str) -> int:
-    cache.add(key, 0, settings.CONSOLE_LOGIN_WINDOW_SECONDS)
-    return cache.incr(key)
-
-
-def _counted(call: Callable[[], list[int]]) -> list[int] | None:
-    """The failed-login counts, or None while the cache (Redis) is unreachable: then logins
-    go unthrottled, the password check still stands, rather than on-call being locked out
-    of the console in the very outage they log in to look at."""
-    try:
-        return call()
-    except Exception as exc:  # whatever the cache backend raises when it cannot answer
-        logger.warning("login throttle: the cache cannot count failed logins: %s", exc)
-        return None

@@ -17,8 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import views as auth_views
-from django.contrib.auth.decorators import login_not_required, permission_required
+from django.contrib.auth.decorators import permission_required
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 from django.forms import Form
@@ -63,16 +62,6 @@ def render_page(
     if request.htmx and not request.htmx.history_restore_request:
         template = f"{template}#{partial}"
     return render(request, template, context, status=status)
-
-
-# --- login ----------------------------------------------------------------------------------
-
-
-login = login_not_required(
-    auth_views.LoginView.as_view(
-        authentication_form=forms.ThrottledLoginForm, redirect_authenticated_user=True
-    )
-)
 
 
 # --- overview -------------------------------------------------------------------------------

@@ -8,11 +8,9 @@ import io
 import json
 import re
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.core.cache import cache
 from django.db.models import F
 from django.http.response import HttpResponseBase
 from django.test import Client
@@ -20,7 +18,6 @@ from django.utils import timezone
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
-from console.forms import ThrottledLoginForm
 from tasks_app import runner, services
 from tasks_app.models import Event, Step, StepStatus, Task, TaskStatus
 
@@ -872,55 +869,7 @@ def test_the_audit_log_filters_by_workflow(auditor: User) -> None:
 # --- login ----------------------------------------------------------------------------------
 
 
-def forget_failed_logins(user: User) -> None:
-    # Only these keys: clearing the whole cache would empty the Redis database it shares.
-    cache.delete_many(ThrottledLoginForm.counter_keys(user.username, "127.0.0.1"))
-
-
-def test_failed_logins_are_throttled_per_username(oncall: User, settings: object) -> None:
-    settings.CONSOLE_LOGIN_ATTEMPTS = 3  # type: ignore[attr-defined]
-    forget_failed_logins(oncall)
-    client = Client()
-    for _ in range(3):
-        response = client.post(
-            "/accounts/login/", {"username": oncall.username, "password": "wrong"}
-        )
-        assert response.status_code == 200
-    right = client.post(
-        "/accounts/login/", {"username": oncall.username, "password": "pw-" + oncall.username}
-    )
-    assert right.status_code == 200
-    assert "Too many failed logins" in body(right)
-    assert "_auth_user_id" not in client.session
-    forget_failed_logins(oncall)
-
-
-def test_on_call_can_still_log_in_while_redis_is_down(
-    oncall: User, settings: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The failed-login counts live in Redis; in a Redis outage, the one on-call logs in to
-    look at, the login goes unthrottled (the password still checked) instead of failing."""
-    settings.CACHES = {  # nothing listens on port 1
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": "redis://127.0.0.1:1/0",
-        }
-    }
-    client = Client()
-    wrong = client.post("/accounts/login/", {"username": oncall.username, "password": "wrong"})
-    assert wrong.status_code == 200  # the form again, with its error
-    assert "_auth_user_id" not in client.session
-
-    right = client.post(
-        "/accounts/login/", {"username": oncall.username, "password": "pw-" + oncall.username}
-    )
-    assert right.status_code == 302
-    assert client.session["_auth_user_id"] == str(oncall.pk)
-    assert "the cache cannot count failed logins" in caplog.text
-
-
 def test_the_login_page_logs_in_and_goes_to_the_overview(oncall: User) -> None:
-    forget_failed_logins(oncall)
     client = Client()
     response = client.post(
         "/accounts/login/",
