@@ -179,6 +179,14 @@ class AuditFilterForm(_Filter):
         super().__init__(*args, **kwargs)
         _set_choices(self, workflow=workflow_names())
 
+    plan = forms.RegexField(
+        required=False,
+        regex=r"^[0-9a-f]{1,32}$",
+        label="Bulk plan",
+        help_text="The id a bulk action wrote on each of its events",
+        error_messages={"invalid": "plan: the hexadecimal id of a bulk action's plan"},
+    )
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         since, until = data.get("since"), data.get("until")
@@ -194,6 +202,7 @@ class AuditFilterForm(_Filter):
             workflow=data.get("workflow", ""),
             since=data.get("since"),
             until=data.get("until"),
+            plan=data.get("plan", ""),
         )
 
 
@@ -213,6 +222,14 @@ def named_errors(form: forms.Form) -> list[str]:
 class ReasonForm(forms.Form):
     # Required by the services, which say so with the field's name.
     reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea({"rows": 2}))
+
+
+class CancelForm(ReasonForm):
+    # Offered while a task is at work, when its page refreshes itself: a reason being
+    # typed is kept across the refreshes.
+    reason = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea({"rows": 2, "hx-preserve": "true"})
+    )
 
 
 class RedriveForm(ReasonForm):

@@ -30,7 +30,7 @@ from django_htmx.middleware import HtmxDetails
 
 from tasks_app import lists, presence, selectors, services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
-from tasks_app.models import Task
+from tasks_app.models import Task, TaskStatus
 from tasks_app.task_actions import ACTIONS, Action
 
 from . import charts, errors, forms, presenters
@@ -139,8 +139,13 @@ def _task_page(
         "resolve_form": _action_form("resolve_form"),
         "cancel_form": _action_form("cancel_form"),
         **(action_forms or {}),
+        "live": task.status in LIVE_STATUSES,
     }
     return render_page(request, "console/task_detail.html", context, partial="task", status=status)
+
+
+# A task page in these states refreshes itself.
+LIVE_STATUSES = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING_APPROVAL)
 
 
 # The task page's action forms share field names (the URL contract's ``reason``), so each
@@ -149,7 +154,7 @@ ACTION_FORMS: dict[str, tuple[type[forms.ReasonForm], str]] = {
     "redrive_form": (forms.RedriveForm, "redrive_%s"),
     "changes_form": (forms.RedriveForm, "changes_%s"),
     "resolve_form": (forms.ResolveForm, "resolve_%s"),
-    "cancel_form": (forms.ReasonForm, "cancel_%s"),
+    "cancel_form": (forms.CancelForm, "cancel_%s"),
 }
 
 

@@ -14,6 +14,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from .models import (
     Event,
+    EventKind,
     Step,
     StepStatus,
     Task,
@@ -199,10 +200,24 @@ class AuditFilter:
     workflow: str = ""
     since: datetime | None = None
     until: datetime | None = None
+    # The events of one bulk action (each carries its plan's id).
+    plan: str = ""
+
+
+# The events a bulk action writes.
+BULK_EVENT_KINDS = (
+    EventKind.REDRIVEN,
+    EventKind.RESOLVED,
+    EventKind.CANCELLED,
+    EventKind.CANCEL_REQUESTED,
+)
 
 
 def audit_events(filters: AuditFilter) -> QuerySet[Event]:
     queryset = _matching(Event.objects.all(), actor=filters.actor, kind=filters.kind)
+    if filters.plan:
+        # The operator kinds first (their index), then the plan inside their data.
+        queryset = queryset.filter(kind__in=BULK_EVENT_KINDS, data__plan=filters.plan)
     if filters.workflow:
         queryset = queryset.filter(
             task_id__in=Task.objects.filter(workflow=filters.workflow).values("pk")

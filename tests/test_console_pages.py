@@ -8,6 +8,7 @@ import io
 import json
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -22,7 +23,7 @@ from tasks_app import runner, services
 from tasks_app.models import Event, Step, StepStatus, Task, TaskStatus
 
 from .approval_support import advance, article, pending_request
-from .console_support import HTMX, dead_task, login
+from .console_support import HTMX, dead_task, login, noop
 
 pytestmark = pytest.mark.django_db
 
@@ -887,3 +888,38 @@ def test_a_refused_page_says_so_in_the_console_and_offers_a_logout(outsider: Use
     assert "<h1>Not permitted</h1>" in page
     assert 'action="/accounts/logout/"' in page
     assert ">Overview</a>" not in page  # the nav shows only what the viewer may use
+
+
+def test_the_audit_log_shows_one_bulk_action_by_its_plan(oncall: User, auditor: User) -> None:
+    bulk = [dead_task() for _ in range(2)]
+    alone = dead_task()
+    services.cancel(alone, actor=oncall, reason="by hand")
+    _confirm(login(oncall), action="cancel", reason="incident 7", workflow="demo.flaky")
+    plan = Event.objects.filter(task_id=bulk[0].pk, kind="cancelled").get().data["plan"]
+
+    page = body(login(auditor).get("/audit/", {"plan": plan}))
+
+    assert all(f">#{task.pk}</a>" in page for task in bulk)
+    assert f">#{alone.pk}</a>" not in page
+    assert page.count(f'href="/audit/?plan={plan}"') == 2  # each row links to its bulk action
+    refused = login(auditor).get("/audit/", {"plan": "not-hex"})
+    assert refused.status_code == 400
+
+
+@pytest.mark.parametrize(("status", "live"), [("pending", True), ("dead", False)])
+def test_a_task_page_refreshes_itself_while_its_task_is_at_work(
+    oncall: User, status: str, live: bool
+) -> None:
+    task = noop() if status == "pending" else dead_task()
+    page = body(login(oncall).get(f"/tasks/{task.pk}/"))
+    polls = f'hx-get="/tasks/{task.pk}/" hx-trigger="every 3s, refresh"' in page
+    assert polls == live
+
+
+def test_pages_load_htmx_without_the_debug_script_that_replaces_the_document(
+    oncall: User, settings: Any
+) -> None:
+    settings.DEBUG = True
+    page = body(login(oncall).get("/dead/"))
+    assert "htmx-2.min.js" in page
+    assert "django-htmx.js" not in page
