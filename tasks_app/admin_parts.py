@@ -71,7 +71,8 @@ OPERATOR_ACTIONS = {
             "Redrive",
             "redriven",
             "Each dead step runs again with a fresh attempt budget and the same step key "
-            "(an approval step gets a new request). Tasks without a dead step are skipped.",
+            "(an approval step gets a new request). Tasks without a dead step, or whose "
+            "step's outcome is unknown (resolve those), are skipped.",
         ),
         OperatorAction(
             "resolve_done",
@@ -86,8 +87,8 @@ OPERATOR_ACTIONS = {
             "Run again",
             "sent to run again",
             "It did not happen: each task's first dead step runs again, and its unfinished "
-            "side effects are forgotten so the next attempt calls the remote again. Tasks "
-            "without a dead step are skipped.",
+            "side effects are forgotten so the next attempt calls the remote again. Only for "
+            "a step whose outcome is unknown; other tasks are skipped (redrive those).",
         ),
         OperatorAction(
             "cancel",

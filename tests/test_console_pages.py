@@ -923,3 +923,59 @@ def test_pages_load_htmx_without_the_debug_script_that_replaces_the_document(
     page = body(login(oncall).get("/dead/"))
     assert "htmx-2.min.js" in page
     assert "django-htmx.js" not in page
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        'a="\\u0000"',
+        'a="\\ud800"',
+        "a=NaN",
+        "a=Infinity",
+        "a=-Infinity",
+        "a=1e400",
+        "a=" + "[" * 10_000,
+    ],
+)
+def test_a_task_filter_postgresql_cannot_compare_is_refused_with_400(
+    oncall: User, payload: str
+) -> None:
+    noop()
+    response = login(oncall).get("/tasks/", {"payload": payload})
+    assert response.status_code == 400
+    assert "The filter cannot be used: payload: " in body(response)
+    assert "<table" not in body(response)
+
+
+@pytest.mark.parametrize("query", [{"since": "not-a-date"}, {"status": "lost"}, {"after": "x"}])
+def test_a_bad_task_filter_is_refused_not_widened(oncall: User, query: dict[str, str]) -> None:
+    noop()
+    response = login(oncall).get("/tasks/", query)
+    assert response.status_code == 400
+    assert "<table" not in body(response)
+
+
+def test_a_payload_nested_ten_thousand_deep_is_a_form_error(oncall: User) -> None:
+    task = dead_task()
+    response = login(oncall).post(
+        f"/tasks/{task.pk}/redrive/",
+        {"reason": "try", "payload": '{"a": ' * 10_000 + "1" + "}" * 10_000},
+        headers=HTMX,
+    )
+    assert response.status_code == 400
+    assert "payload: nesting deeper than 32 levels" in body(response)
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
+
+
+def test_a_refused_write_is_logged_with_who_what_and_why(
+    editor: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = dead_task()
+    with caplog.at_level("WARNING", logger="tasks_app.events"):
+        response = login(editor).post(f"/tasks/{task.pk}/cancel/", {"reason": "mine"})
+    assert response.status_code == 403
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("action_")]
+    assert line.startswith("action_refused ")
+    assert f"user={editor.username}" in line
+    assert "action=console:task_cancel" in line
+    assert f"object=/tasks/{task.pk}/cancel/" in line
