@@ -24,8 +24,8 @@ from tests.console_support import dead_task, login  # noqa: E402
 from tests.test_console_permissions import (  # noqa: E402
     ACTION_CASES,
     PAGE_CASES,
-    _action,
     _page_url,
+    post_action,
     snapshot,
 )
 
@@ -64,8 +64,7 @@ def try_action(action: str, user: Any, world: dict[str, Any]) -> str:
             if action == "resume":
                 QueueState.objects.create(name="default", paused=True, changed_by="x", reason="x")
             before = snapshot()
-            url, data = _action(action, world)
-            response = login(user).post(url, data)
+            response = post_action(login(user), action, world)
             if response.status_code == 302 and snapshot() != before:
                 outcome = "done"
             elif response.status_code == 403 and snapshot() == before:

@@ -14,7 +14,7 @@ from tests.approval_support import ARTICLE
 from tests.e2e_support import Worker
 from tests.remotes import LoopbackRemote
 
-from .support import log_in, page_shows_status, pending_request, task_status
+from .support import log_in, page_shows_status, pending_request, status_badge, task_status
 
 pytestmark = [
     pytest.mark.browser,
@@ -66,7 +66,7 @@ def test_an_editor_approves_a_draft_and_sees_it_published(
     worker.assert_quiet(since=mark)
 
 
-def test_an_editor_requests_changes_and_then_reviews_what_changed(
+def test_an_editor_requests_changes_then_approves_the_next_revision_and_sees_it_published(
     page: Page, worker: Worker, editor: User, author: User
 ) -> None:
     mark = worker.mark()
@@ -102,5 +102,12 @@ def test_an_editor_requests_changes_and_then_reviews_what_changed(
         f"Revision 0: changes requested by {editor.username}"
     )
     expect(earlier.locator("blockquote")).to_have_text(comment)
-    expect(page.get_by_role("button", name="Approve")).to_be_enabled()
+
+    # The next revision is approved, and its task page follows it to the end by itself.
+    page.get_by_role("button", name="Approve").click()
+    expect(page.locator("#decision")).to_contain_text(f"Approval #{second.pk} approved.")
+    page.goto(f"/tasks/{task.pk}/")
+    expect(status_badge(page)).to_have_text("succeeded", timeout=30_000)
+    second.refresh_from_db()
+    assert (second.status, second.decided_by) == (ApprovalStatus.APPROVED, editor.username)
     worker.assert_quiet(since=mark)
