@@ -215,7 +215,7 @@ def test_no_page_violates_the_content_security_policy(
             page.get_by_label("Action").select_option("redrive")
             page.get_by_label("Reason").fill("Checking the count first")
             page.get_by_role("button", name="Preview").click()
-            expect(page.get_by_role("button", name="Confirm: apply to 1 task")).to_be_visible()
+            expect(page.get_by_role("button", name="Redrive 1 task", exact=True)).to_be_visible()
         if found := page.evaluate("window.__csp"):
             violations[name] = found
 
