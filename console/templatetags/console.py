@@ -6,6 +6,7 @@ from typing import Any
 from django import template
 
 from console import presenters
+from tasks_app.task_actions import ACTIONS
 
 register = template.Library()
 
@@ -38,6 +39,12 @@ def since(value: Any, now: Any) -> str:
 def label(value: str | None) -> str:
     """``waiting_approval`` as ``waiting approval``."""
     return (value or "").replace("_", " ")
+
+
+@register.filter
+def action_label(value: str) -> str:
+    """An operator action by the name its buttons give it: ``resolve_done`` as ``Mark done``."""
+    return ACTIONS[value].label
 
 
 @register.filter
