@@ -20,10 +20,10 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from playwright.sync_api import BrowserContext, Locator, Page, expect
 
-from approvals.models import ApprovalRequest
-from tasks_app.models import Event, QueueState, Step, Task, TaskStatus
+from tasks_app.models import Event, Task, TaskStatus
 from tests.approval_support import advance, article, pending_request
 from tests.console_support import dead_task
+from tests.test_console_permissions import snapshot
 
 from .support import SCREENSHOTS, action_form, log_in, status_badge
 
@@ -40,17 +40,6 @@ PERMANENT_ERROR = "tasks_app.exceptions.PermanentError"
 ERROR_BACKGROUND = "rgb(251, 233, 234)"
 # What a spreadsheet would take for the start of a formula (OWASP's CSV injection list).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-
-
-def snapshot() -> tuple[Any, ...]:
-    """Every row an action could change."""
-    return (
-        list(Task.objects.order_by("pk").values_list("pk", "status", "payload")),
-        list(Step.objects.order_by("pk").values_list("pk", "status", "attempts")),
-        list(Event.objects.order_by("pk").values_list("pk", "kind")),
-        list(QueueState.objects.order_by("name").values_list("name", "paused")),
-        list(ApprovalRequest.objects.order_by("pk").values_list("pk", "status")),
-    )
 
 
 def statuses(tasks: list[Task]) -> dict[int, str]:
