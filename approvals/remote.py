@@ -1,8 +1,13 @@
 """Calls to the remote systems the shipped workflows write to (publishing, mail).
 
 What a failure means for the side-effects ledger:
-- nothing was sent (connection refused, connect timeout), or the remote answered 429/503:
+- nothing was sent (connection refused, connect timeout), or the remote answered 429 or
+  503 and said in its answer that it did nothing (a JSON body with ``"applied": false``):
   :class:`EffectNotApplied`, so a retry may call again even without idempotency keys;
+- a 429 or 503 that says no such thing proves nothing: a load balancer or the remote may
+  have acted before answering it. For a remote that honours keys it is
+  :class:`RetryableError` (the next call carries the same key); for one that does not,
+  ``OutcomeUnknown``, for a person to resolve;
 - any other 4xx: :class:`RemoteRefused`, permanent, and the write did not happen;
 - a timeout waiting for the answer, after the request went out: ``TimeoutError`` (the
   ledger decides: same key again if the remote honours it, else ``OutcomeUnknown``);
@@ -51,9 +56,9 @@ def post_json(
             data = json.loads(answer.read() or b"{}")
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:500].decode("utf-8", errors="replace")
-        if exc.code in (429, 503):
+        if exc.code in (429, 503) and _says_not_applied(detail):
             raise EffectNotApplied(f"{url} answered {exc.code}: {detail}") from exc
-        if 400 <= exc.code < 500:
+        if 400 <= exc.code < 500 and exc.code != 429:
             raise RemoteRefused(f"{url} refused the request ({exc.code}): {detail}") from exc
         if honours_key:
             raise RetryableError(f"{url} failed ({exc.code}): {detail}") from exc
@@ -64,3 +69,12 @@ def post_json(
     if not isinstance(data, dict):
         raise RetryableError(f"{url} answered with something other than a JSON object")
     return data
+
+
+def _says_not_applied(detail: str) -> bool:
+    """Whether an error answer's JSON body says the remote did nothing."""
+    try:
+        body = json.loads(detail)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("applied") is False

@@ -26,6 +26,8 @@ class LoopbackRemote:
         # The Authorization header of every request, in order (None when absent).
         self.authorizations: list[str | None] = []
         self._holds = 0
+        # Answers the next requests get instead of the fake's: (status, applied first).
+        self._refusals: list[tuple[int, bool]] = []
         self._lock = threading.Lock()
         self._release = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -50,6 +52,17 @@ class LoopbackRemote:
         with self._lock:
             self._holds += requests
 
+    def answer_next(self, status: int, *, after_applying: bool) -> None:
+        """The next request is answered ``status``: after the fake applied it (a load
+        balancer's 503 once the remote acted), or without applying it, saying so
+        (``{"applied": false}``, the remote's own load shedding)."""
+        with self._lock:
+            self._refusals.append((status, after_applying))
+
+    def _take_refusal(self) -> tuple[int, bool] | None:
+        with self._lock:
+            return self._refusals.pop(0) if self._refusals else None
+
     def release(self) -> None:
         """Answer the held requests now (and any held later at once)."""
         self._release.set()
@@ -72,7 +85,14 @@ class LoopbackRemote:
                 except ValueError:
                     body = None
                 remote.authorizations.append(self.headers.get("Authorization"))
-                status, answer = remote.fake.handle(body, self.headers.get("Idempotency-Key"))
+                refusal = remote._take_refusal()
+                answer: dict[str, Any]
+                if refusal is not None and not refusal[1]:
+                    status, answer = refusal[0], {"applied": False}
+                else:
+                    status, answer = remote.fake.handle(body, self.headers.get("Idempotency-Key"))
+                    if refusal is not None:
+                        status, answer = refusal[0], {"error": "unavailable"}
                 if remote._take_hold():
                     remote._release.wait(HOLD_SECONDS)
                 payload = json.dumps(answer).encode()

@@ -226,6 +226,50 @@ def test_a_send_that_timed_out_waits_for_a_person_who_says_it_did_not(
     assert result_of(task, "send")["message_id"] == mail.applied[-1]["id"]
 
 
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_send_answered_unavailable_after_the_mail_went_out_waits_for_a_person(
+    db: None, editor: User, remotes: Remotes, status: int
+) -> None:
+    # A 503 or 429 proves nothing by itself: the remote may have acted before answering.
+    _, mail = remotes
+    mail.answer_next(status, after_applying=True)
+
+    task = advance(_approved(ticket(), editor), skip_backoff=True)
+
+    assert task.status == TaskStatus.DEAD
+    assert current(task, "send").error_class == "tasks_app.exceptions.OutcomeUnknown"
+    assert len(mail.applied) == 1  # sent once, and not again
+    assert Effect.objects.get(step=current(task, "send")).status == Effect.Status.STARTED
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_send_the_remote_says_it_did_not_apply_is_sent_again(
+    db: None, editor: User, remotes: Remotes, status: int
+) -> None:
+    _, mail = remotes
+    mail.answer_next(status, after_applying=False)
+
+    task = advance(_approved(ticket(), editor), skip_backoff=True)
+
+    assert task.status == TaskStatus.SUCCEEDED
+    assert len(mail.applied) == 1
+    assert result_of(task, "send")["message_id"] == mail.applied[0]["id"]
+
+
+def test_a_publish_answered_unavailable_after_acting_is_called_again_with_its_key(
+    db: None, editor: User, remotes: Remotes
+) -> None:
+    publishing, _ = remotes
+    publishing.answer_next(503, after_applying=True)
+
+    task = advance(_approved(article(), editor), skip_backoff=True)
+
+    assert task.status == TaskStatus.SUCCEEDED
+    keys = [call["key"] for call in publishing.received]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert len(publishing.applied) == 1  # the remote applied the key once
+
+
 def test_a_ticket_reply_sends_the_approved_draft_once(
     db: None, editor: User, remotes: Remotes
 ) -> None:
