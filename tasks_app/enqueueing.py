@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
 from . import counting, validation
 from .access import Actor, actor_fields
@@ -125,14 +125,31 @@ def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueRe
     # either inserts the task with its steps and event, or finds the key taken and writes
     # nothing, so there is nothing to make atomic.
     alone = len(items) == 1 and uses_sql()
+    outside = not connection.in_atomic_block
+    if outside:
+        _replace_lost_connection()
     for round_ in range(3):
         try:
-            if alone and not connection.in_atomic_block:
+            if alone and outside:
                 results, duplicates = _insert(items, actor)
             else:
                 with transaction.atomic():
                     results, duplicates = _insert(items, actor)
             break
+        except (OperationalError, InterfaceError):
+            # The database dropped the connection (a restart, a failover). Outside a
+            # caller's transaction a new one is opened; the enqueue is tried again only
+            # when every item has a key, since a lost answer may hide a commit and the key
+            # is what makes a second try return that task instead of a copy.
+            if (
+                not outside
+                or round_
+                or (connection.connection is not None and connection.is_usable())
+            ):
+                raise
+            connection.close()
+            if any(item.idempotency_key is None for item in items):
+                raise
         except IdempotencyConflict:
             # Counted once the enqueue's transaction is gone: the only write it makes.
             bump_counter("idempotency_conflict")
@@ -144,6 +161,13 @@ def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueRe
                 raise
     bump_counter("enqueue_duplicate", duplicates)
     return results
+
+
+def _replace_lost_connection() -> None:
+    """Before an enqueue outside any transaction, replace a connection an earlier error
+    left unusable (or older than ``CONN_MAX_AGE``), as Django does at each request: a
+    producer that runs outside requests recovers from a database restart by itself."""
+    connection.close_if_unusable_or_obsolete()
 
 
 def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult], int]:

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from kombu import pools
 
 from config.celery import app as celery_app
@@ -1289,3 +1289,46 @@ def test_the_input_errors_form_one_family() -> None:
     assert not issubclass(IdempotencyConflict, InvalidInput)
     error = InvalidInput("priority", "range")
     assert (error.field, error.rule, str(error)) == ("priority", "range", "priority: range")
+
+
+# --- a connection the database dropped --------------------------------------------------------
+
+
+def _drop_django_connection() -> None:
+    """Terminate this process's database session from another one, as a restart does."""
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    params = connection.get_connection_params()
+    other = connection.get_new_connection(params)
+    try:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_producer_outside_a_transaction_recovers_from_a_dropped_connection() -> None:
+    services.enqueue("demo.noop", {"n": 0}, idempotency_key="drop:0")
+
+    # With a key, the enqueue tries again on a new connection and succeeds at once.
+    _drop_django_connection()
+    keyed = services.enqueue("demo.noop", {"n": 1}, idempotency_key="drop:1")
+    assert keyed.created and Task.objects.filter(idempotency_key="drop:1").count() == 1
+
+    # Without one, a second try could copy a task whose commit went unanswered: the call
+    # fails, and the producer's next call runs on a new connection.
+    _drop_django_connection()
+    with pytest.raises(OperationalError):
+        services.enqueue("demo.noop", {"n": 2})
+    assert services.enqueue("demo.noop", {"n": 3}).created
+    assert Task.objects.filter(workflow="demo.noop").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_callers_transaction_a_dropped_connection_is_an_error() -> None:
+    with pytest.raises((OperationalError, InterfaceError)), transaction.atomic():
+        Task.objects.count()
+        _drop_django_connection()
+        services.enqueue("demo.noop", {"n": 1}, idempotency_key="drop:in")
+    connection.close()
+    assert not Task.objects.filter(idempotency_key="drop:in").exists()
