@@ -174,11 +174,6 @@ class AuditFilterForm(_Filter):
         help_text="Before (UTC)",
         error_messages={"invalid": f"until: {DATETIME_RULE}"},
     )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _set_choices(self, workflow=workflow_names())
-
     plan = forms.RegexField(
         required=False,
         regex=r"^[0-9a-f]{1,32}$",
@@ -186,6 +181,10 @@ class AuditFilterForm(_Filter):
         help_text="The id a bulk action wrote on each of its events",
         error_messages={"invalid": "plan: the hexadecimal id of a bulk action's plan"},
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _set_choices(self, workflow=workflow_names())
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

@@ -10,7 +10,7 @@ plan's id.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +18,7 @@ from django.core import signing
 
 from tasks_app import lists, services
 from tasks_app.lists import DeadFilter
+from tasks_app.models import Task
 from tasks_app.task_actions import ACTIONS
 
 SALT = "console.bulk-plan"
@@ -93,8 +94,24 @@ class BulkPlan:
             return f"the limit changed from {self.limit} to {limit}"
         return None
 
-    def still_qualifying(self) -> set[int]:
-        """The plan's tasks that are still dead letters matching its filter."""
-        return set(
+    def apply(self, *, actor: services.Actor, reason: str) -> services.BulkReport:
+        """The plan's action on its tasks that are still dead letters matching its filter,
+        through the bulk service (one transaction and one event, with the plan's id, per
+        task); the others are skipped and reported, and no other task is touched."""
+        qualifying = set(
             lists.dead_tasks(self.filters).filter(pk__in=self.ids).values_list("pk", flat=True)
         )
+        report = services.act_on_tasks(
+            Task.objects.filter(pk__in=qualifying).order_by("id"),
+            action=self.action,
+            actor=actor,
+            reason=reason,
+            limit=self.limit,
+            plan=self.id,
+        )
+        gone = [
+            (pk, f"task #{pk} is no longer a dead letter matching the filter")
+            for pk in self.ids
+            if pk not in qualifying
+        ]
+        return replace(report, skipped=[*gone, *report.skipped], limited=self.limited)

@@ -12,7 +12,6 @@ refusals map to status codes here: :class:`NotPermitted` 403, :class:`InvalidInp
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -99,11 +98,7 @@ def task_list(request: ConsoleRequest) -> HttpResponse:
 def filter_refused(request: ConsoleRequest, form: Form) -> HttpResponse:
     """A filter that cannot be read is refused (400, naming the field and the rule), never
     widened to everything."""
-    problems = "; ".join(
-        str(error) if str(error).startswith(f"{name}:") else f"{name}: {error}"
-        for name, errors in form.errors.items()
-        for error in errors
-    )
+    problems = "; ".join(forms.named_errors(form))
     return errors.error_response(request, 400, f"The filter cannot be used: {problems}.")
 
 
@@ -344,21 +339,7 @@ def _posted_plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
 
 def _apply_plan(request: ConsoleRequest, form: forms.BulkForm) -> services.BulkReport:
     plan = _posted_plan(request, form)
-    qualifying = plan.still_qualifying()
-    report = services.act_on_tasks(
-        Task.objects.filter(pk__in=qualifying).order_by("id"),
-        action=plan.action,
-        actor=request.user,
-        reason=form.cleaned_data["reason"],
-        limit=plan.limit,
-        plan=plan.id,
-    )
-    gone = [
-        (pk, f"task #{pk} is no longer a dead letter matching the filter")
-        for pk in plan.ids
-        if pk not in qualifying
-    ]
-    return replace(report, skipped=[*gone, *report.skipped], limited=plan.limited)
+    return plan.apply(actor=request.user, reason=form.cleaned_data["reason"])
 
 
 def _bulk_summary(report: services.BulkReport) -> str:

@@ -51,6 +51,8 @@ SYSTEM_EVENT_KEYS = frozenset(
         "error_class",
         "retry_in",
         "outcome",
+        # the id every event of one bulk action carries
+        "plan",
         # enqueue and the queue switches
         "workflow",
         "version",

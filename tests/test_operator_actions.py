@@ -581,3 +581,21 @@ def test_string_actors_are_trusted_callers(db: None, action: str) -> None:
     assert event.kind == EVENT_OF[action]
     assert (event.actor, event.actor_user_id) == ("cli:alice", None)
     assert Task.objects.get(pk=task.pk).status != TaskStatus.DEAD
+
+
+def test_every_event_of_one_bulk_action_carries_its_plan_id(db: None, oncall: User) -> None:
+    tasks = [_dead_flaky(key=f"flaky:plan-{n}") for n in range(2)]
+    other = _dead_flaky(key="flaky:plan-other")
+
+    report = services.act_on_tasks(tasks, action="redrive", actor=oncall, reason="x", limit=5)
+    services.redrive(other, actor=oncall, reason="alone")
+
+    plans = {
+        event.task_id: event.data.get("plan")
+        for event in Event.objects.filter(kind=EventKind.REDRIVEN)
+    }
+    assert report.plan and plans == {
+        tasks[0].pk: report.plan,
+        tasks[1].pk: report.plan,
+        other.pk: None,
+    }
