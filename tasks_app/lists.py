@@ -13,8 +13,8 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from .models import (
+    OPERATOR_EVENT_KINDS,
     Event,
-    EventKind,
     Step,
     StepStatus,
     Task,
@@ -204,20 +204,11 @@ class AuditFilter:
     plan: str = ""
 
 
-# The events a bulk action writes.
-BULK_EVENT_KINDS = (
-    EventKind.REDRIVEN,
-    EventKind.RESOLVED,
-    EventKind.CANCELLED,
-    EventKind.CANCEL_REQUESTED,
-)
-
-
 def audit_events(filters: AuditFilter) -> QuerySet[Event]:
     queryset = _matching(Event.objects.all(), actor=filters.actor, kind=filters.kind)
     if filters.plan:
-        # The operator kinds first (their index), then the plan inside their data.
-        queryset = queryset.filter(kind__in=BULK_EVENT_KINDS, data__plan=filters.plan)
+        # Operator actions (the audit indexes' own condition), then the plan in their data.
+        queryset = queryset.filter(kind__in=sorted(OPERATOR_EVENT_KINDS), data__plan=filters.plan)
     if filters.workflow:
         queryset = queryset.filter(
             task_id__in=Task.objects.filter(workflow=filters.workflow).values("pk")
