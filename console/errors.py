@@ -3,8 +3,8 @@
 
 A refusal shows only its reason, never the object it refused: a full page with the
 console's layout for a plain request, and for an htmx request a notice that htmx puts in
-the page's message region (``#messages``, on every page), so the form the person used
-stays as it was and no bare fragment replaces the document.
+the page's message region (``#messages``, on every page) and scrolls into view, so the
+form the person used stays as it was and no bare fragment replaces the document.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ def error_response(request: HttpRequest, status: int, message: str) -> HttpRespo
     context = {"status": status, "title": TITLES.get(status, "Error"), "message": message}
     if getattr(request, "htmx", False):
         html = render_to_string("console/_refusal.html", context, request=request)
-        return reswap(retarget(HttpResponse(html, status=status), "#messages"), "innerHTML")
+        # Scrolled into view: the form the person used may be far below the region.
+        return reswap(
+            retarget(HttpResponse(html, status=status), "#messages"), "innerHTML show:top"
+        )
     html = render_to_string("console/error.html", context, request=request)
     return HttpResponse(html, status=status)
 
@@ -81,7 +84,8 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
 def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     detail = str(exception or "") or "your account may not do this"
     log_refusal(request, detail)
-    return error_response(request, 403, f"Not permitted: {detail}.")
+    # The notice's title already says "Not permitted"; the message says why.
+    return error_response(request, 403, f"{detail[:1].upper()}{detail[1:]}.")
 
 
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -173,7 +173,7 @@ def test_a_refused_htmx_action_shows_only_its_reason_in_the_message_region(
     response = login(persona(role)).post(url, data, headers={"HX-Request": "true"})
 
     assert response.status_code == 403
-    assert (response["HX-Retarget"], response["HX-Reswap"]) == ("#messages", "innerHTML")
+    assert (response["HX-Retarget"], response["HX-Reswap"]) == ("#messages", "innerHTML show:top")
     _assert_bare_refusal(response.content.decode())
     assert "<html" not in response.content.decode()
     assert snapshot() == before

@@ -330,11 +330,14 @@ def test_a_refused_cancel_shows_its_reason_in_the_message_region_and_keeps_the_p
 
     notice = page.locator("#messages .notice")
     expect(notice).to_contain_text("Not permitted")
+    # Seen where the person is looking: the page scrolls up to it from the form.
+    expect(notice).to_be_in_viewport()
     expect_error_notice(notice)
     expect_whole_console_page(page, title=title, heading=heading)
     expect(status_badge(page)).to_have_text("dead")
     expect(page.locator("#task")).to_have_count(1)
     # The form stays as it was, the reason typed in it too.
     expect(form.get_by_label("Reason")).to_have_value("Not needed any more")
+    page.screenshot(path=str(SCREENSHOTS / "refused-action.png"))
     assert snapshot() == before
     assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
