@@ -15,7 +15,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.loader import render_to_string
-from django_htmx.http import reswap, retarget
+from django_htmx.http import retarget
 
 from tasks_app import oplog
 
@@ -33,10 +33,11 @@ def error_response(request: HttpRequest, status: int, message: str) -> HttpRespo
     context = {"status": status, "title": TITLES.get(status, "Error"), "message": message}
     if getattr(request, "htmx", False):
         html = render_to_string("console/_refusal.html", context, request=request)
+        response = retarget(HttpResponse(html, status=status), "#messages")
         # Scrolled into view: the form the person used may be far below the region.
-        return reswap(
-            retarget(HttpResponse(html, status=status), "#messages"), "innerHTML show:top"
-        )
+        # (django-htmx's ``reswap`` takes no swap modifiers.)
+        response["HX-Reswap"] = "innerHTML show:top"
+        return response
     html = render_to_string("console/error.html", context, request=request)
     return HttpResponse(html, status=status)
 
