@@ -3,8 +3,10 @@
 Every Celery worker node writes a :class:`Heartbeat` row when it is ready, again every
 ``TASKS_HEARTBEAT_SECONDS`` from a thread of its main process, and once more when it shuts
 down cleanly. A node whose last report is older than ``TASKS_WORKER_SILENT_SECONDS`` is
-silent: killed, hung, cut off from the database, or on a machine that went away. The
-sweeper reports after every sweep, which is what readiness asks about.
+silent: killed, hung, cut off from the database, or on a machine that went away. A node
+that cannot take work from the broker (``tasks_app.consuming``: Redis refuses its reads,
+or does not answer them) withholds its reports, so it goes silent too: running but idle
+is not live. The sweeper reports after every sweep, which is what readiness asks about.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models import F
 from django.db.models.functions import Now
 
+from . import consuming
 from .models import Heartbeat, Lease, StepStatus
 from .transitions import db_now
 
@@ -160,8 +163,10 @@ def by_state(rows: Iterable[WorkerRow]) -> collections.Counter[str]:
 
 
 class HeartbeatThread(threading.Thread):
-    """Reports a node every ``interval`` seconds until stopped; a failed report (the
-    database is away) is logged and tried again at the next beat."""
+    """Reports a node every ``interval`` seconds until stopped, unless it cannot consume
+    (then the report is withheld until it can); a failed report (the database is away) is
+    logged and tried again at the next beat. Each kind of trouble logs one line when it
+    starts and one when it ends."""
 
     def __init__(self, node_name: str, describe: Callable[[], NodeInfo], interval: float) -> None:
         super().__init__(name="tasks-heartbeat", daemon=True)
@@ -169,6 +174,8 @@ class HeartbeatThread(threading.Thread):
         self.describe = describe
         self.interval = interval
         self.stopping = threading.Event()
+        self.failing = False
+        self.withheld = False
 
     def stop(self) -> None:
         """Stop beating; waits for a report in flight, so none lands after the stop."""
@@ -176,19 +183,33 @@ class HeartbeatThread(threading.Thread):
         self.join(timeout=5)
 
     def run(self) -> None:
-        failing = False
         while not self.stopping.wait(self.interval):
-            try:
-                close_old_connections()
-                worker_seen(self.describe())
-                if failing:
-                    logger.info("heartbeat: reporting again")
-                failing = False
-            except DatabaseError as exc:
-                if not failing:
-                    logger.warning("heartbeat: cannot report this worker: %s", exc)
-                failing = True
+            self.beat()
         close_old_connections()
+
+    def beat(self) -> bool:
+        """Report the node once, if it can consume; returns whether it was reported."""
+        reason = consuming.cannot_consume()
+        if reason is not None:
+            if not self.withheld:
+                logger.warning("heartbeat: not reporting this worker as live: %s", reason)
+            self.withheld = True
+            return False
+        if self.withheld:
+            logger.info("heartbeat: this worker consumes again; reporting it as live")
+        self.withheld = False
+        try:
+            close_old_connections()
+            worker_seen(self.describe())
+        except DatabaseError as exc:
+            if not self.failing:
+                logger.warning("heartbeat: cannot report this worker: %s", exc)
+            self.failing = True
+            return False
+        if self.failing:
+            logger.info("heartbeat: reporting again")
+        self.failing = False
+        return True
 
 
 def describe_consumer(consumer: Any) -> NodeInfo:

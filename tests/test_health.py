@@ -35,6 +35,7 @@ def test_readyz_is_ready_when_everything_answers_and_the_sweeper_ran(
         "database": True,
         "migrations": True,
         "broker": True,
+        "broker_writes": True,
         "sweeper": True,
     }
 
