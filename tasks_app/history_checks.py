@@ -10,7 +10,8 @@ batch by :func:`tasks_app.invariants.check_tasks`, so none of them queries the d
   ``stale_write_rejected`` names the token a worker presented, and is not counted);
 - ``claim``: every claim of a step (token t) is followed by an event of that step carrying
   token t that ends the attempt (``succeeded``, ``retry_scheduled``, ``dead_lettered``,
-  ``cancelled`` or ``lease_expired``), unless the step still runs on token t;
+  ``cancelled``, ``lease_expired`` or ``claim_released``), unless the step still runs on
+  token t;
 - ``terminal``: one end per run. An event whose ``task_status`` is ``succeeded``,
   ``cancelled`` or ``dead`` ends a run; another may follow only once an event made the
   task ``pending``, ``running`` or ``waiting_approval`` again, except a dead task that
@@ -62,6 +63,7 @@ ATTEMPT_ENDINGS = frozenset(
         EventKind.DEAD_LETTERED,
         EventKind.CANCELLED,
         EventKind.LEASE_EXPIRED,
+        EventKind.CLAIM_RELEASED,
     }
 )
 RUN_ENDINGS = frozenset({TaskStatus.SUCCEEDED, TaskStatus.CANCELLED, TaskStatus.DEAD})

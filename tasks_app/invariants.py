@@ -17,7 +17,7 @@ Each check names something that never holds in a healthy system, however busy:
   step whose stored ``fencing_token`` is below a token one of its events names;
 - ``claim``: a claim (token t) with no later event of its step carrying token t that
   ends the attempt (``succeeded``, ``retry_scheduled``, ``dead_lettered``, ``cancelled``,
-  ``lease_expired``), while the step does not run on token t any more;
+  ``lease_expired``, ``claim_released``), while the step does not run on token t any more;
 - ``terminal``: an event ending a run (``task_status`` succeeded, cancelled or dead) that
   an earlier one already ended, with nothing in between making the task pending, running
   or waiting again (a dead task cancelled or resolved as done, and the ``cancelled`` or

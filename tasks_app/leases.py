@@ -1,4 +1,5 @@
-"""The worker's side: claim a step under a fenced lease, heartbeat, complete, fail.
+"""The worker's side: claim a step under a fenced lease, heartbeat, complete, fail, and
+hand back the claims of a process that died (release, or end a lease now).
 
 Worker writes carry the fencing token of their claim; a stale token changes nothing and
 is recorded as ``stale_write_rejected``."""
@@ -270,3 +271,77 @@ def fail_step(
             return True
     reject_stale(claim, "fail")
     return False
+
+
+def release_claim(claim: Claim, *, actor: str, reason: str, **data: Any) -> bool:
+    """Hand a claimed step back without charging its attempt: its worker stopped holding it
+    for no fault of the step (the process died running another step of the same batch).
+
+    Fenced like every worker write: only a claim whose token still holds the step is
+    released; otherwise its worker recorded the outcome before it went, and nothing
+    changes (False, and no event: the one writing here is not that worker). The step is
+    due again at once, with the attempts it had before the claim and the same fencing
+    token, or cancelled if a cancel was requested meanwhile; ``claim_released`` records it
+    (with ``data``, such as whether the handler had run) and its doorbell rings.
+    """
+    with transaction.atomic():
+        task = lock_task(claim.task_id)
+        step = _held_step(claim)
+        if step is None:
+            return False
+        release_lease(step, claim.token, Lease.Outcome.RELEASED)
+        now = db_now()
+        step.lease_expires_at = None
+        # The claim raised the attempts by one; the token stays raised (it never goes back).
+        step.attempts = max(step.attempts - 1, 0)
+        if task.cancel_requested_at is not None:
+            step.status, outcome = StepStatus.CANCELLED, "cancelled"
+            step.finished_at = now
+        else:
+            step.status, outcome = StepStatus.PENDING, "pending"
+            step.available_at = step.dispatched_at = now
+        step.save(
+            update_fields=[
+                "status",
+                "attempts",
+                "lease_expires_at",
+                "finished_at",
+                "available_at",
+                "dispatched_at",
+            ]
+        )
+        status = settle_and_record(
+            EventKind.CLAIM_RELEASED,
+            task,
+            step_id=step.pk,
+            actor=actor,
+            reason=reason,
+            steps=[step],
+            token=claim.token,
+            outcome=outcome,
+            **data,
+        )
+        if step.status == StepStatus.CANCELLED:
+            record_event(
+                EventKind.CANCELLED,
+                task_id=task.pk,
+                actor=SYSTEM,
+                reason="cancel requested while the step was claimed; its claim was released",
+                task_status=status,
+            )
+        else:
+            ring_on_commit([Doorbell(step.pk, step.queue)])
+    return True
+
+
+def expire_lease_now(claim: Claim) -> bool:
+    """End a claim's lease now, for a worker known to be gone: the sweeper reaps the step
+    at its next sweep (``lease_expired``, the attempt charged) instead of after the rest of
+    the lease. Fenced by the claim's token; False when it no longer holds the step."""
+    with transaction.atomic():
+        ended = Step.objects.filter(
+            pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token
+        ).update(lease_expires_at=Now())
+        if ended:
+            Lease.objects.filter(step_id=claim.step_id, token=claim.token).update(expires_at=Now())
+    return bool(ended)

@@ -247,6 +247,8 @@ class Lease(models.Model):
         FAILED = "failed"
         EXPIRED = "expired"
         CANCELLED = "cancelled"
+        # Handed back unfinished, without charging the attempt (leases.release_claim).
+        RELEASED = "released"
 
     # No index of its own: the (step, token) constraint leads with step.
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="leases", db_index=False)
@@ -276,6 +278,7 @@ class EventKind(models.TextChoices):
     SUCCEEDED = "succeeded"
     RETRY_SCHEDULED = "retry_scheduled"
     LEASE_EXPIRED = "lease_expired"
+    CLAIM_RELEASED = "claim_released"
     STALE_WRITE_REJECTED = "stale_write_rejected"
     DEAD_LETTERED = "dead_lettered"
     APPROVAL_REQUESTED = "approval_requested"
@@ -312,6 +315,7 @@ RARE_EVENT_KINDS = (
     EventKind.RETRY_SCHEDULED,
     EventKind.DEAD_LETTERED,
     EventKind.LEASE_EXPIRED,
+    EventKind.CLAIM_RELEASED,
     EventKind.STALE_WRITE_REJECTED,
     EventKind.APPROVAL_EXPIRED,
 )

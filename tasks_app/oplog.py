@@ -48,6 +48,7 @@ LEVELS: dict[str, int] = {
     EventKind.RETRY_SCHEDULED: logging.INFO,
     EventKind.DEAD_LETTERED: logging.WARNING,
     EventKind.LEASE_EXPIRED: logging.WARNING,
+    EventKind.CLAIM_RELEASED: logging.INFO,
     EventKind.STALE_WRITE_REJECTED: logging.WARNING,
 }
 # Kinds whose lines say how the attempt went: attempts, error class, error.
@@ -67,6 +68,8 @@ FROM_DATA = (
     "request",
     "revision",
     "policy",
+    "ran",
+    "running_step",
 )
 # Free text is cut to this many characters.
 SHORT = 200

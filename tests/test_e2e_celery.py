@@ -186,8 +186,8 @@ def test_a_step_whose_worker_process_dies_is_reaped_and_run_again(worker: Worker
     assert worker.is_pool_child(pid), f"{first.worker_id} is not a child of our worker"
     os.kill(pid, signal.SIGKILL)
 
-    # The lease runs out (no heartbeat any more), the sweeper reaps it, and a second claim
-    # by another pool process runs the step to the end.
+    # The worker's main process ends the dead child's lease (tasks_app.crashes), the
+    # sweeper reaps it, and a second claim by another pool process runs the step to the end.
     task = settle(task, worker, timeout=60)
     step.refresh_from_db()
     assert task.status == TaskStatus.SUCCEEDED
@@ -198,7 +198,10 @@ def test_a_step_whose_worker_process_dies_is_reaped_and_run_again(worker: Worker
     assert leases(step) == [(1, "expired"), (2, "succeeded")]
     second = step.leases.get(token=2)
     assert second.worker_id != first.worker_id
-    assert second.acquired_at >= first.expires_at
+    ended = step.leases.get(token=1)
+    assert second.acquired_at >= ended.expires_at
+    # Ended when the child died, long before the lease would have run out.
+    assert ended.expires_at < first.expires_at
 
 
 def test_an_article_is_drafted_reviewed_and_published_once_by_a_real_worker(

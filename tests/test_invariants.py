@@ -16,7 +16,8 @@ from django.db import connection
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
-from tasks_app import batch, invariants, runner, services, sweeper
+from tasks_app import batch, invariants, leases, runner, services, sweeper
+from tasks_app.leases import Claim
 from tasks_app.models import Effect, Event, EventKind, Step, Task, TaskStatus
 from tests.approval_support import advance, article, pending_request, ticket
 from tests.conftest import backdate, only_step
@@ -111,7 +112,8 @@ def cancelled_while_running() -> list[Task]:
 
 def leases_lost() -> list[Task]:
     """A lease reaped back to pending and its stale worker refused, then one reaped until
-    its attempts ran out (dead-lettered), redriven and run to success."""
+    its attempts ran out (dead-lettered), redriven and run to success, and a claim whose
+    process died handed back uncharged, then run."""
     stale = noop()
     step = only_step(stale)
     backdate(step)
@@ -132,7 +134,14 @@ def leases_lost() -> list[Task]:
     services.redrive(exhausted, actor="cli:ann", reason="again")
     backdate(step)
     assert runner.run_claimed(step.pk)
-    return [stale, exhausted]
+    handed_back = noop()
+    step = only_step(handed_back)
+    backdate(step)
+    held = services.claim_step(step.pk, worker_id="w-died")
+    assert held is not None
+    assert leases.release_claim(held, actor="worker:host:1", reason="worker_lost")
+    assert runner.run_claimed(step.pk)
+    return [stale, exhausted, handed_back]
 
 
 def decided() -> list[Task]:
@@ -444,6 +453,15 @@ def test_it_finds_a_claim_with_no_outcome(db: None) -> None:
     assert findings() == [
         f"claim: task {task.pk}: claim of token 1 on step {step.pk} has no outcome"
     ]
+
+
+def test_a_released_claim_is_answered_by_its_release(db: None) -> None:
+    task = noop()
+    step = running(task)
+    held = Claim.of(step, worker_id="w-died", lease_seconds=30)
+    assert leases.release_claim(held, actor="worker:host:1", reason="worker_lost")
+
+    assert_clean(tasks=1)
 
 
 def test_a_claim_still_running_on_its_lease_needs_no_outcome_yet(db: None) -> None:

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.workflows import generate_draft
-from tasks_app import invariants, runner, services
+from tasks_app import invariants, leases, runner, services
 from tasks_app.exceptions import InvalidTransition, NotPermitted
 from tasks_app.history import TaskState, fold
 from tasks_app.models import TERMINAL_TASK_STATUSES, Step, StepStatus, Task, TaskStatus
@@ -60,7 +60,16 @@ KINDS: dict[str, tuple[str, dict[str, Any], bool]] = {
 ENQUEUED = [*KINDS, "article", "article"]
 
 # What a worker does with a claim it holds.
-ACTIONS = ["complete", "retry", "retry_later", "dead", "run", "heartbeat", "lose_lease"]
+ACTIONS = [
+    "complete",
+    "retry",
+    "retry_later",
+    "dead",
+    "run",
+    "heartbeat",
+    "lose_lease",
+    "release",
+]
 # What it does right after claiming ("hold" keeps the claim for a later rule).
 THEN = ["hold", "hold", *ACTIONS]
 
@@ -243,6 +252,8 @@ class StateModel(RuleBasedStateMachine):
             self.run_with(claim)
         elif action == "heartbeat":
             self.heartbeat_with(claim)
+        elif action == "release":
+            self.release(claim)
         else:
             self.lose_lease(claim)
 
@@ -264,6 +275,20 @@ class StateModel(RuleBasedStateMachine):
         if holds:
             step = Step.objects.get(pk=claim.step_id)
             assert step.status in (StepStatus.PENDING, StepStatus.DEAD, StepStatus.CANCELLED)
+
+    def release(self, claim: services.Claim) -> None:
+        """The worker's process dies running another step of the batch: the claim is
+        handed back, its attempt not charged."""
+        holds = current(claim)
+        attempts = Step.objects.get(pk=claim.step_id).attempts
+        assert leases.release_claim(claim, actor="worker:model", reason="worker_lost") == holds
+        assert not current(claim)
+        step = Step.objects.get(pk=claim.step_id)
+        if holds:
+            assert step.status in (StepStatus.PENDING, StepStatus.CANCELLED)
+            assert step.attempts == attempts - 1
+        else:
+            assert step.attempts == attempts
 
     @precondition(lambda self: self.has_steps(StepStatus.PENDING))
     @rule(index=st.integers(0, POOL_SIZE - 1))
