@@ -248,10 +248,14 @@ def expire_due(limit: int = 500) -> int:
     expired = 0
     for pk, task_id in due:
         with transaction.atomic():
-            task = core.lock_task(task_id)
+            # The sweeper never waits on a row someone holds: a task or request being
+            # decided right now is expired (or not) at the next sweep.
+            task = core.try_lock_task(task_id)
+            if task is None:
+                continue
             # Re-checked under the lock: it may have been decided meanwhile.
             request = (
-                ApprovalRequest.objects.select_for_update()
+                ApprovalRequest.objects.select_for_update(skip_locked=True)
                 .filter(pk=pk, status=ApprovalStatus.PENDING, expires_at__lte=Now())
                 .first()
             )

@@ -60,6 +60,7 @@ from .transitions import (
     lock_task,
     step_context,
     step_inputs,
+    try_lock_task,
 )
 
 __all__ = [
@@ -107,4 +108,5 @@ __all__ = [
     "step_context",
     "step_inputs",
     "sweep",
+    "try_lock_task",
 ]

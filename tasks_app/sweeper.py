@@ -3,12 +3,13 @@ prune history past its retention, and run the periodic jobs other apps register.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -16,15 +17,18 @@ from . import presence, retention
 from .access import SWEEPER
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
+from .lock_conflicts import is_lock_conflict, lock_wait
 from .models import EventKind, Lease, Step, StepStatus
 from .transitions import (
     db_now,
-    lock_task,
     paused_filter,
     record_event,
     release_lease,
     settle_and_record,
+    try_lock_task,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,22 +62,39 @@ register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
 
 
 def sweep(*, limit: int = 500) -> SweepReport:
-    jobs = {name: job(limit) for name, job in list(_sweep_jobs.items())}
-    report = SweepReport(
-        reaped=reap_expired_leases(limit=limit),
-        redispatched=redispatch_due(limit=limit),
-        jobs=jobs,
-    )
+    """One sweep: reap, ring again, then the registered jobs.
+
+    The sweeper never waits on a row another transaction holds (``tasks_app.lock_conflicts``):
+    it skips such rows and comes back to them next time, and each part runs under
+    ``TASKS_SWEEPER_LOCK_TIMEOUT_MS``, so one part stopped by a held lock leaves the others
+    to run. A part that fails otherwise (the database gone) fails the sweep.
+    """
+    with lock_wait(settings.TASKS_SWEEPER_LOCK_TIMEOUT_MS):
+        reaped = _part("reap", reap_expired_leases, limit)
+        redispatched = _part("redispatch", redispatch_due, limit)
+        jobs = {name: _part(name, job, limit) for name, job in list(_sweep_jobs.items())}
+    report = SweepReport(reaped=reaped, redispatched=redispatched, jobs=jobs)
     # What readiness asks about: the sweeper is running and reaches the database.
     presence.sweeper_ran()
     return report
 
 
-def reap_expired_leases(*, limit: int = 500) -> int:
+def _part(name: str, work: SweepJob, limit: int) -> int:
+    try:
+        return work(limit)
+    except DatabaseError as exc:
+        if not is_lock_conflict(exc):
+            raise
+        logger.warning("sweep: %s waited too long for a lock (%s); next sweep", name, exc)
+        return 0
+
+
+def reap_expired_leases(limit: int = 500) -> int:
     """Return steps whose lease ran out (by the database's clock) to pending, or dead-letter
     them when their attempts are spent. Either way the step records ``LEASE_EXPIRED`` as
     its error: a pending one is then claimed in a batch of its own, so if it kills the
-    process running it, it takes no other step's attempt along."""
+    process running it, it takes no other step's attempt along. A task or step another
+    transaction holds is left for the next sweep."""
     expired = list(
         Step.objects.filter(status=StepStatus.RUNNING, lease_expires_at__lt=Now())
         .order_by("lease_expires_at")
@@ -82,10 +103,12 @@ def reap_expired_leases(*, limit: int = 500) -> int:
     reaped = 0
     for step_id, task_id, token in expired:
         with transaction.atomic():
-            task = lock_task(task_id)
+            task = try_lock_task(task_id)
+            if task is None:
+                continue
             # Re-checked under the lock: the worker may have finished or renewed meanwhile.
             step = (
-                Step.objects.select_for_update()
+                Step.objects.select_for_update(skip_locked=True)
                 .filter(
                     pk=step_id,
                     status=StepStatus.RUNNING,
@@ -145,11 +168,14 @@ def reap_expired_leases(*, limit: int = 500) -> int:
     return reaped
 
 
-def redispatch_due(*, limit: int = 500) -> int:
+def redispatch_due(limit: int = 500) -> int:
     """Ring again for due steps whose doorbell may have been lost.
 
     A step is rung at most once per ``TASKS_REDISPATCH_SECONDS`` (``dispatched_at``), and
-    at most ``limit`` per sweep, so a broker outage does not turn into a flood.
+    at most ``limit`` per sweep, so a broker outage does not turn into a flood. The rows
+    are locked as they are chosen, skipping any another transaction holds (a worker
+    completing it, a person acting on it): the sweeper never waits on them, so it cannot
+    deadlock with a completion, and the lock re-checks that each is still due.
     """
     interval = timedelta(seconds=settings.TASKS_REDISPATCH_SECONDS)
     with transaction.atomic():
@@ -158,6 +184,7 @@ def redispatch_due(*, limit: int = 500) -> int:
             Step.objects.due(now)
             .filter(Q(dispatched_at=None) | Q(dispatched_at__lte=now - interval))
             .exclude(paused_filter())
+            .select_for_update(skip_locked=True, of=("self",))
             .order_by("-priority", "available_at")
             .values_list("pk", "queue")[:limit]
         )

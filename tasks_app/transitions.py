@@ -159,6 +159,13 @@ def lock_task(task_id: int) -> Task:
     return Task.objects.select_for_update().get(pk=task_id)
 
 
+def try_lock_task(task_id: int) -> Task | None:
+    """Lock a task row unless another transaction holds it (then ``None``): for the
+    sweeper, which must never wait on a row a person or a worker holds. It tries again at
+    the next sweep."""
+    return Task.objects.select_for_update(skip_locked=True).filter(pk=task_id).first()
+
+
 def paused_filter() -> Q:
     return Q(queue__in=QueueState.objects.filter(paused=True).values("name"))
 
