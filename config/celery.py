@@ -5,7 +5,15 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_prerun, worker_ready, worker_shutdown
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -20,7 +28,19 @@ def _fresh_enough_connections(**kwargs: Any) -> None:
     or outlived CONN_MAX_AGE, keep the rest (and their prepared statements)."""
     from django.db import close_old_connections
 
+    from tasks_app.idle_connections import idle_closer
+
+    idle_closer.busy()
     close_old_connections()
+
+
+@task_postrun.connect
+def _connections_rest(**kwargs: Any) -> None:
+    """After each task: a process that runs no other task for ``CONN_MAX_AGE`` gives its
+    connection back (tasks_app.idle_connections)."""
+    from tasks_app.idle_connections import idle_closer
+
+    idle_closer.rest()
 
 
 _heartbeat: Any = None
@@ -56,3 +76,40 @@ def _report_shutdown(sender: Any, **kwargs: Any) -> None:
     # If the database is away the node shows as silent, which is what on-call should see.
     with contextlib.suppress(DatabaseError):
         presence.worker_stopped(_heartbeat.node_name)
+
+
+@worker_init.connect
+def _prepare_claims_records(**kwargs: Any) -> None:
+    """The main process makes the directory where its pool processes record what they
+    hold, so it can hand their claims back if one dies (tasks_app.crashes)."""
+    from tasks_app import crashes
+
+    crashes.prepare()
+
+
+@worker_ready.connect
+def _watch_pool_processes(**kwargs: Any) -> None:
+    from tasks_app import crashes
+
+    crashes.watch()
+
+
+@worker_process_init.connect
+def _record_claims(**kwargs: Any) -> None:
+    from tasks_app import crashes
+
+    crashes.start_recording()
+
+
+@worker_process_shutdown.connect
+def _stop_recording_claims(**kwargs: Any) -> None:
+    from tasks_app import crashes
+
+    crashes.stop_recording()
+
+
+@worker_shutdown.connect
+def _remove_claims_records(**kwargs: Any) -> None:
+    from tasks_app import crashes
+
+    crashes.clean_up()

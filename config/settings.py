@@ -174,13 +174,48 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
+# Every PostgreSQL session of every process (web, workers, the sweeper, beat, producers
+# using the service API) waits this long at most: to connect; for one statement (0: no
+# limit, as the release step's migrations run); for a row lock; idle inside a
+# transaction. A hung server, which enforces nothing, is bounded on the client side:
+# a statement still unanswered STATEMENT_TIMEOUT + TASKS_DB_CLIENT_GRACE_SECONDS after
+# it was sent has its connection cut (tasks_app.deadlines, tasks_app.pg_backend).
+# (libpq's shortest connect timeout is 2 s; /readyz answers within about that.)
+TASKS_DB_CONNECT_TIMEOUT_SECONDS = env_int("TASKS_DB_CONNECT_TIMEOUT_SECONDS", 2)
+TASKS_DB_STATEMENT_TIMEOUT_MS = env_int("TASKS_DB_STATEMENT_TIMEOUT_MS", 30_000, minimum=0)
+TASKS_DB_LOCK_TIMEOUT_MS = env_int("TASKS_DB_LOCK_TIMEOUT_MS", 10_000, minimum=0)
+TASKS_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS = env_int(
+    "TASKS_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 60_000, minimum=0
+)
+TASKS_DB_CLIENT_GRACE_SECONDS = env_int("TASKS_DB_CLIENT_GRACE_SECONDS", 5)
+# A connection is kept this long (CONN_MAX_AGE), and a worker process idle this long gives
+# its connections back (tasks_app.idle_connections).
+TASKS_DB_CONN_MAX_AGE_SECONDS = env_int("TASKS_DB_CONN_MAX_AGE_SECONDS", 60, minimum=0)
+# The sweeper waits at most this long for a row it cannot skip (tasks_app.lock_conflicts).
+TASKS_SWEEPER_LOCK_TIMEOUT_MS = env_int("TASKS_SWEEPER_LOCK_TIMEOUT_MS", 1_000)
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    DATABASES = {
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=TASKS_DB_CONN_MAX_AGE_SECONDS)
+    }
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Django's backend, every round trip bounded on the client side as well.
+        DATABASES["default"]["ENGINE"] = "tasks_app.pg_backend"
+        _options = DATABASES["default"].setdefault("OPTIONS", {})
         # Django's own cursors bind client-side and never prepare; this lets the task
         # system's hot statements (tasks_app/batch.py) be prepared once per connection.
         # Behind PgBouncer, use session pooling or its prepared-statement support.
-        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+        _options["prepare_threshold"] = 5
+        _options.setdefault("connect_timeout", TASKS_DB_CONNECT_TIMEOUT_SECONDS)
+        # A peer that vanished (host gone, network cut) is noticed in about a minute.
+        _options.update(keepalives=1, keepalives_idle=30, keepalives_interval=10)
+        _options["options"] = " ".join(
+            [
+                str(_options.get("options", "")),
+                f"-c statement_timeout={TASKS_DB_STATEMENT_TIMEOUT_MS}",
+                f"-c lock_timeout={TASKS_DB_LOCK_TIMEOUT_MS}",
+                f"-c idle_in_transaction_session_timeout={TASKS_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS}",
+            ]
+        ).strip()
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -346,6 +381,8 @@ if TASKS_WORKER_SILENT_SECONDS <= TASKS_HEARTBEAT_SECONDS:
 TASKS_SWEEPER_SILENT_SECONDS = env_int(
     "TASKS_SWEEPER_SILENT_SECONDS", max(60, 6 * TASKS_SWEEP_SECONDS)
 )
+# /readyz answers within about this long, whatever the database does.
+TASKS_READY_TIMEOUT_SECONDS = env_int("TASKS_READY_TIMEOUT_SECONDS", 2)
 # The remotes of publish_article (PUBLISH_URL) and ticket_reply (MAIL_URL), the approvals
 # app's workflows. While TASKS_FAKE_REMOTES is on they default to the fakes this app
 # serves itself under /fake/ (config/fakes.py; `make run` sets them for the port it serves
@@ -541,6 +578,13 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Broker faults a worker rides out (config/broker.py): an error answer from Redis that the
+# transport does not handle itself (a queue declared on a read-only replica while the
+# consumer reconnects, say) makes the consumer reconnect instead of the worker exiting.
+CELERY_BROKER_CHANNEL_ERROR_RETRY = True
+# Each worker node with a free pool process rings for a step of its queues that has been
+# due this long with no doorbell, this often (tasks_app/backstop.py; 0: never).
+TASKS_BACKSTOP_SECONDS = env_int("TASKS_BACKSTOP_SECONDS", 5, minimum=0)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 # Celery's Django fixup closes the database connection around every task unless this is

@@ -1,6 +1,21 @@
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
+
+
+def _name_the_session(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Each PostgreSQL session says which process opened it (``application_name``, e.g.
+    ``celery:4242``), so ``pg_stat_activity`` tells on-call whose connections they see."""
+    if connection.vendor == "postgresql":
+        name = f"{Path(sys.argv[0]).name or 'python'}:{os.getpid()}"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('application_name', %s, false)", [name[:63]])
 
 
 class TasksAppConfig(AppConfig):
@@ -8,5 +23,8 @@ class TasksAppConfig(AppConfig):
     verbose_name = "Tasks"
 
     def ready(self) -> None:
-        # Workflows shipped with the app register themselves on import.
-        from . import backends, demo_workflows  # noqa: F401
+        # Workflows shipped with the app register themselves on import; a worker node's
+        # doorbell backstop starts and stops with the node (tasks_app.backstop's signals).
+        from . import backends, backstop, demo_workflows  # noqa: F401
+
+        connection_created.connect(_name_the_session, dispatch_uid="tasks_app.session_name")

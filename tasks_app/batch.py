@@ -27,9 +27,11 @@ from django.db import connection, models, transaction
 from . import counting, leases, oplog
 from .access import SYSTEM
 from .counting import STEP_SECONDS_BUCKETS, bucket_label
+from .deadlines import bounded
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
 from .leases import Claim
+from .lock_conflicts import retry_lock_conflicts
 from .models import Event, EventKind, Step, Task, TaskStatus
 from .signals import announce_on_commit
 from .sql import (
@@ -60,7 +62,11 @@ def _cursor() -> Iterator[psycopg.Cursor[Any]]:
     statement text, and statements run often are prepared by psycopg.
     """
     connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    with (
+        connection.wrap_database_errors,
+        bounded(connection.connection),
+        psycopg.Cursor(connection.connection) as cursor,
+    ):
         yield cursor
 
 
@@ -186,6 +192,20 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
         else:
             first[(claim.step_id, claim.token)] = (claim, result)
     unique = list(first.values())
+    # The sweeper never waits on a step row, but people and other paths may: a deadlock
+    # lost here is tried again rather than leaving the whole batch to expire.
+    held = retry_lock_conflicts(lambda: _complete(unique), what="a batch completion")
+    for claim, _ in unique:
+        if (claim.step_id, claim.token) not in held:
+            leases.reject_stale(claim, "complete")
+    for claim in repeated:
+        leases.reject_stale(claim, "complete")
+    return {step_id for step_id, _ in held}
+
+
+def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
+    """One transaction recording ``unique`` (one claim per step and token); returns the
+    (step, token) pairs accepted."""
     with transaction.atomic(), _cursor() as cursor:
         cursor.execute(
             LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in unique})], prepare=True
@@ -228,12 +248,7 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
                     data={},
                 )
                 oplog.log_event(event, task=task)
-    for claim, _ in unique:
-        if (claim.step_id, claim.token) not in held:
-            leases.reject_stale(claim, "complete")
-    for claim in repeated:
-        leases.reject_stale(claim, "complete")
-    return {step_id for step_id, _ in held}
+    return held
 
 
 def queue_has_due_steps(queue: str) -> bool:

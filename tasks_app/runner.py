@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -15,12 +16,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 
-from . import batch, services
+from . import batch, crashes, services
 from .dispatch import Doorbell, ring_on_commit
 from .effects import LeaseLost
 from .exceptions import InvalidInput, OutcomeUnknown, PermanentError, error_class, error_text
+from .lock_conflicts import is_lock_conflict
 from .models import Step, Task
 from .transitions import leads_to_approval
 from .workflows import StepContext, StepSpec, registry
@@ -56,6 +58,13 @@ class LeaseKeeper:
     renewing a step once its timeout has passed, so a hung handler's lease runs out and
     the sweeper hands the step to another attempt. The thread is started on first use in
     each process (Celery's prefork children included) and lives as long as the process.
+
+    The thread keeps its database connection while it has leases to renew, so a renewal
+    needs no new connection slot (with the server's slots exhausted, claims and
+    completions go on over kept connections, and so must renewals), and closes it after
+    ``CONN_MAX_AGE`` with nothing to renew. A renewal that fails is tried again with a
+    growing, jittered delay, well inside the lease; a streak of failures is logged once
+    when it starts and once when renewals work again.
     """
 
     def __init__(self) -> None:
@@ -66,6 +75,8 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        self._failing: _Streak | None = None
+        self._release: threading.Event | None = None
 
     def watch(self, claims: Sequence[services.Claim]) -> None:
         now = time.monotonic()
@@ -92,26 +103,48 @@ class LeaseKeeper:
             self._watched.pop(claim.step_id, None)
 
     def _run(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._lock:
                 watched = list(self._watched.values())
             now = time.monotonic()
             wait = 1.0
-            beats = 0
             for item in watched:
-                due = item.renewed_at + item.claim.lease_seconds / 3
-                if now >= due:
+                if now >= self._next_beat(item):
                     with self._renewing:
                         if item.claim.step_id in self._watched:
                             self._beat(item)
-                    beats += 1
-                    due = item.renewed_at + item.claim.lease_seconds / 3
-                wait = min(wait, max(due - time.monotonic(), 0.01))
-            if beats:
-                # Renewals are seconds apart: hold no connection in between.
+                wait = min(wait, max(self._next_beat(item) - time.monotonic(), 0.01))
+            if watched:
+                idle_since = None
+            elif self._release is not None:
                 connections.close_all()
+                self._release.set()
+                self._release = idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif now - idle_since >= _idle_seconds():
+                # Nothing to renew for a while: give the connection slot back.
+                connections.close_all()
+                idle_since = None
             self._wake.wait(wait)
             self._wake.clear()
+
+    def release_connection(self, timeout: float = 10) -> None:
+        """Have the thread close its database connection as soon as it has nothing to
+        renew, and wait for that (a process shutting down, a test run dropping its
+        database)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._pid != os.getpid():
+            return
+        released = threading.Event()
+        self._release = released
+        self._wake.set()
+        released.wait(timeout)
+
+    def _next_beat(self, item: _Watched) -> float:
+        due = item.renewed_at + item.claim.lease_seconds / 3
+        return max(due, self._failing.retry_at) if self._failing else due
 
     def _beat(self, item: _Watched) -> None:
         if item.deadline is not None and time.monotonic() > item.deadline:
@@ -120,10 +153,16 @@ class LeaseKeeper:
             return
         try:
             beat = services.heartbeat(item.claim)
-        except Exception:
-            logger.exception("heartbeat failed for step %s", item.claim.step_id)
-            connections["default"].close_if_unusable_or_obsolete()
+        except Exception as exc:
+            self._failed(item, exc)
             return
+        if self._failing:
+            logger.warning(
+                "lease renewals work again after %d failure(s) over %.1f s",
+                self._failing.count,
+                time.monotonic() - self._failing.since,
+            )
+            self._failing = None
         item.renewed_at = time.monotonic()
         if item.ctx is not None and beat.cancel_requested:
             item.ctx._cancelled.set()
@@ -131,6 +170,55 @@ class LeaseKeeper:
             if item.ctx is not None:
                 item.ctx._lease_lost.set()
             self.forget(item.claim)
+
+    def _failed(self, item: _Watched, exc: Exception) -> None:
+        """One failed renewal: the first of a streak is logged (one line, no traceback);
+        the next try waits a growing, jittered delay, at most a sixth of the lease."""
+        now = time.monotonic()
+        if self._failing is None:
+            self._failing = _Streak(since=now)
+            detail = str(exc).strip().splitlines()
+            logger.warning(
+                "lease renewal failed for step %s (%s: %s); trying again with backoff, "
+                "a lease runs out %d s after its last renewal",
+                item.claim.step_id,
+                type(exc).__name__,
+                detail[0] if detail else "",
+                item.claim.lease_seconds,
+            )
+        streak = self._failing
+        streak.count += 1
+        ceiling = min(RENEWAL_RETRY_MAX_SECONDS, item.claim.lease_seconds / 6)
+        delay = min(ceiling, RENEWAL_RETRY_BASE_SECONDS * 2 ** min(streak.count, 16))
+        streak.retry_at = now + delay / 2 + random.uniform(0, delay / 2)
+        # A broken connection is replaced at the next try; one that only lost a lock wait
+        # is kept (reconnecting would need a free slot).
+        if isinstance(exc, InterfaceError) or (
+            isinstance(exc, OperationalError) and not is_lock_conflict(exc)
+        ):
+            connections["default"].close()
+
+
+# A failed renewal is tried again after a delay that doubles from the first figure up to
+# the second (or a sixth of the lease, if shorter), half of it random.
+RENEWAL_RETRY_BASE_SECONDS = 0.05
+RENEWAL_RETRY_MAX_SECONDS = 2.0
+
+
+@dataclass
+class _Streak:
+    """Renewals failing one after another since ``since``."""
+
+    since: float
+    count: int = 0
+    retry_at: float = 0.0
+
+
+def _idle_seconds() -> float:
+    """How long an idle process keeps a database connection (Django's ``CONN_MAX_AGE``;
+    ``None`` there means for good)."""
+    age = connections["default"].settings_dict.get("CONN_MAX_AGE", 0)
+    return float("inf") if age is None else float(age)
 
 
 lease_keeper = LeaseKeeper()
@@ -160,7 +248,9 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
     Failures are recorded as they happen; successes are recorded together at the end in
     one transaction (:func:`batch.complete_many`), each still fenced by its token, except
     those that reach an approval step (recorded one by one, opening its request). The
-    lease keeper keeps every lease of the batch alive until then.
+    lease keeper keeps every lease of the batch alive until then. The batch and the step
+    running are kept in the process's claims record, so that if a step kills the process
+    the others are handed back at once, uncharged (:mod:`tasks_app.crashes`).
     """
     if not claims:
         return 0
@@ -168,12 +258,16 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
     if len(rows) < len(claims):
         rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
     lease_keeper.watch(claims)
+    # Where the parent finds what this process holds, should a step kill it (crashes).
+    crashes.record.holding(claims)
     succeeded: list[tuple[services.Claim, Any]] = []
     try:
-        for claim in claims:
+        for index, claim in enumerate(claims):
+            crashes.record.running(index)
             result = _run_one(claim, rows[claim.step_id])
             if result is not _RECORDED:
                 succeeded.append((claim, result))
+        crashes.record.running(len(claims))
     finally:
         for claim in claims:
             lease_keeper.forget(claim)
@@ -188,6 +282,7 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
     batch.complete_many(together)
     for claim, result in one_by_one:
         services.complete_step(claim, result)
+    crashes.record.clear()
     return len(succeeded)
 
 

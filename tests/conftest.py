@@ -238,6 +238,16 @@ def _history_folds_to_stored_state(request: pytest.FixtureRequest) -> Iterator[N
     assert not mismatches, f"event history does not fold to the stored state: {mismatches}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _threads_give_connections_back(django_db_setup: None) -> Iterator[None]:
+    """The lease keeper keeps its connection while the process lives; before the test
+    database is dropped, it gives it back."""
+    yield
+    from tasks_app import runner
+
+    runner.lease_keeper.release_connection()
+
+
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings: Any) -> None:
     """Personas are made per test; the production hasher is deliberately slow."""

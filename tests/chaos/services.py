@@ -4,11 +4,13 @@ the machine's shared servers), described by its ``CHAOS_*`` variables."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,50 @@ class OwnPostgres:
         """Stop the server (``immediate``: as if it crashed, every backend cut off) and
         start it again, waiting until it accepts connections."""
         self._pg_ctl("restart", "-m", mode, "-w", "-o", self.options, "-l", str(self.log))
+
+    def processes(self) -> list[int]:
+        """The server's processes: the postmaster first, then its children."""
+        postmaster = int((self.data / "postmaster.pid").read_text().splitlines()[0])
+        children = subprocess.run(
+            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        return [postmaster, *map(int, children)]
+
+    def pause(self) -> list[int]:
+        """SIGSTOP the whole server (the postmaster first, so it forks no new backend):
+        connections are accepted by the kernel, nothing is answered (hung). Returns the
+        processes to resume."""
+        stopped = self.processes()
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        # A backend forked just before the postmaster stopped.
+        for pid in self.processes():
+            if pid not in stopped:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        return stopped
+
+    def resume(self, stopped: list[int]) -> None:
+        for pid in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def every_slot_taken(self, url: str) -> Iterator[int]:
+        """Open sessions on ``url`` until the server refuses one (every connection slot
+        taken, the superuser's reserve included when ``url`` names a superuser); yields
+        how many it took, and closes them all after."""
+        slots: list[psycopg.Connection] = []
+        try:
+            while True:
+                try:
+                    slots.append(psycopg.connect(url))
+                except psycopg.OperationalError:
+                    break
+            yield len(slots)
+        finally:
+            for slot in slots:
+                slot.close()
 
     def terminate_backends(self, dbname: str, *, keep: int | None = None) -> int:
         """``pg_terminate_backend`` for every session on ``dbname`` but ``keep`` (a

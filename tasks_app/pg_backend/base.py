@@ -1,0 +1,24 @@
+"""Django's PostgreSQL backend with every statement, commit and rollback bounded on the
+client side (``tasks_app.deadlines``), so a hung server cannot hold a process forever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.postgresql import base
+
+from tasks_app.deadlines import bounded, bounded_execute
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.execute_wrappers.append(bounded_execute)
+
+    def _commit(self) -> None:
+        with bounded(self.connection):
+            super()._commit()  # type: ignore[misc]  # Django's own, not in its stubs
+
+    def _rollback(self) -> None:
+        with bounded(self.connection):
+            super()._rollback()  # type: ignore[misc]  # Django's own, not in its stubs
