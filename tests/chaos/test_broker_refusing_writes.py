@@ -1,4 +1,4 @@
-"""Redis refusing writes for ten seconds while work runs: out of memory under
+"""Drill 19: Redis refusing writes for ten seconds while work runs: out of memory under
 ``noeviction``; read-only as a replica (what a failover does to the old primary); and
 restarted empty as a replica (a failover that also lost the data), where a reconnecting
 consumer cannot even declare its queues.
@@ -99,7 +99,7 @@ def _dead_processes(cluster: Cluster) -> list[str]:
 
 
 @pytest.mark.parametrize("fault", ["out_of_memory", "read_only", "failed_over"])
-def test_workers_outlive_redis_refusing_writes(
+def test_row_19_workers_outlive_redis_refusing_writes(
     cluster: Cluster,
     counting_remotes: Remotes,
     own_redis: OwnRedis,

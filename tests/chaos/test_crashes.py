@@ -1,7 +1,7 @@
-"""A step that kills its process, claimed in one batch with healthy steps: the crash costs
-only the step that crashed. The worker's main process hands back the rest of the batch at
-once, uncharged, and ends the crashing step's lease without waiting for it to run out
-(``tasks_app.crashes``)."""
+"""Drill 20: a step that kills its process, claimed in one batch with healthy steps: the
+crash costs only the step that crashed. The worker's main process hands back the rest of
+the batch at once, uncharged, and ends the crashing step's lease without waiting for it
+to run out (``tasks_app.crashes``)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _items() -> list[dict[str, Any]]:
     return [*warm_up, poison, *after]
 
 
-def test_a_crash_costs_only_the_crashing_step(
+def test_row_20_a_crash_costs_only_the_crashing_step(
     cluster: Cluster, counting_remotes: Remotes, record_property: Record
 ) -> None:
     cluster.env["TASKS_LEASE_SECONDS"] = str(LEASE_SECONDS)

@@ -2,8 +2,9 @@
 database's sessions are killed once, Redis is restarted once, refuses writes (out of
 memory, then read-only), a step crashes its process, a step row is held by another
 session, PostgreSQL hangs and its connection slots run out. Every task settles and the
-checker is clean (asserted); the throughput after the last fault, as a share of a clean
-run's, is recorded (the goal is above 90%, not asserted: shared machines are noisy)."""
+checker is clean (asserted); the throughput of a fresh 3,000 once the faults' work has
+settled, as a share of a clean run's, is recorded (the goal is above 90%, not asserted:
+shared machines are noisy)."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def test_load_3000_tasks_through_worker_kills_a_database_fault_and_a_redis_resta
         with own_postgres.every_slot_taken(database_url(connection.settings_dict)):
             _last(FAULT_SECONDS)
 
-    # Each fault once another twentieth of the work has settled: the second half runs clean.
+    # Each fault once another twentieth of the work has settled.
     faults = [
         kill_a_worker,
         kill_database_sessions,
@@ -128,16 +129,16 @@ def test_load_3000_tasks_through_worker_kills_a_database_fault_and_a_redis_resta
     for twentieth, fault in enumerate(faults, start=1):
         _wait_until_settled(ids, LOAD * twentieth // 20, cluster)
         fault()
-    last_fault = time.monotonic()  # and every worker is up again
-    left = LOAD - _settled(ids)
+    wait_for_drain(ids, cluster, timeout=600)
 
-    drained = wait_for_drain(ids, cluster, timeout=600)
+    # Once the faults' work has settled: as fast as before them?
+    after = enqueue_workload(LOAD, label="after", sleep=SLEEP)
+    after_rate = _drain_rate(after, cluster)
     crashed = list(Task.objects.filter(idempotency_key="load-crash").values_list("pk", flat=True))
-    statuses = assert_nothing_lost_or_done_twice([*clean, *ids, *crashed], counting_remotes)
+    statuses = assert_nothing_lost_or_done_twice([*clean, *ids, *after, *crashed], counting_remotes)
     assert Task.objects.get(idempotency_key="load-crash").status == "succeeded"
-    after_rate = left / (drained - last_fault)
     record_property("clean_per_s", round(clean_rate))
-    record_property("after_last_fault_per_s", round(after_rate))
+    record_property("after_the_faults_per_s", round(after_rate))
     record_property("share", f"{after_rate / clean_rate:.0%}")
     record_property("statuses", dict(statuses))
 
