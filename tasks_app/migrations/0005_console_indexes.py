@@ -3,32 +3,19 @@
 from django.conf import settings
 from django.db import migrations, models
 
-# The task list's payload filter is a JSON containment (payload @> '{...}'), which a GIN
-# index with jsonb_path_ops serves; SQLite has neither, so the index is PostgreSQL's only.
-PAYLOAD_INDEX = (
-    "CREATE INDEX IF NOT EXISTS task_payload_gin ON tasks_app_task "
-    "USING gin (payload jsonb_path_ops)"
-)
-
-
-def create_payload_index(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(PAYLOAD_INDEX)
-
-
-def drop_payload_index(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP INDEX IF EXISTS task_payload_gin")
+from tasks_app import online_migrations as online
 
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("tasks_app", "0004_step_change_request"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
-        migrations.AddIndex(
+        online.AddIndexOnline(
             model_name="event",
             index=models.Index(
                 condition=models.Q(
@@ -38,7 +25,7 @@ class Migration(migrations.Migration):
                 name="event_trouble_idx",
             ),
         ),
-        migrations.AddIndex(
+        online.AddIndexOnline(
             model_name="task",
             index=models.Index(
                 condition=models.Q(("status", "succeeded")),
@@ -46,5 +33,11 @@ class Migration(migrations.Migration):
                 name="task_succeeded_idx",
             ),
         ),
-        migrations.RunPython(create_payload_index, drop_payload_index),
+        # The task list's payload filter is a JSON containment (payload @> '{...}'), which
+        # a GIN index with jsonb_path_ops serves; SQLite has neither.
+        online.PostgresIndexOnline(
+            name="task_payload_gin",
+            table="tasks_app_task",
+            definition="USING gin (payload jsonb_path_ops)",
+        ),
     ]

@@ -2,20 +2,52 @@
 
 # A task's idempotency key and its user are indexed only where set: most tasks have
 # neither, and every update that is not a heap-only update writes into each index.
+# Online (tasks_app.online_migrations): the partial unique index is built concurrently
+# before the full unique constraint it replaces is dropped, so a key is never unguarded;
+# the user's foreign key is left as it is.
 
 import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+from tasks_app import online_migrations as online
+
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("tasks_app", "0005_console_indexes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
-        migrations.AlterField(
+        online.AddIndexOnline(
+            model_name="task",
+            index=models.Index(
+                condition=models.Q(("idempotency_key__isnull", False)),
+                fields=["idempotency_key"],
+                name="task_key_prefix_idx",
+                opclasses=["varchar_pattern_ops"],
+            ),
+        ),
+        online.AddIndexOnline(
+            model_name="task",
+            index=models.Index(
+                condition=models.Q(("created_by_user__isnull", False)),
+                fields=["created_by_user"],
+                name="task_created_by_user_idx",
+            ),
+        ),
+        online.AddConstraintOnline(
+            model_name="task",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("idempotency_key__isnull", False)),
+                fields=("idempotency_key",),
+                name="task_key_unique",
+            ),
+        ),
+        online.AlterFieldIndexOnline(
             model_name="task",
             name="created_by_user",
             field=models.ForeignKey(
@@ -27,34 +59,9 @@ class Migration(migrations.Migration):
                 to=settings.AUTH_USER_MODEL,
             ),
         ),
-        migrations.AlterField(
+        online.AlterFieldIndexOnline(
             model_name="task",
             name="idempotency_key",
             field=models.CharField(blank=True, max_length=255, null=True),
-        ),
-        migrations.AddIndex(
-            model_name="task",
-            index=models.Index(
-                condition=models.Q(("idempotency_key__isnull", False)),
-                fields=["idempotency_key"],
-                name="task_key_prefix_idx",
-                opclasses=["varchar_pattern_ops"],
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="task",
-            index=models.Index(
-                condition=models.Q(("created_by_user__isnull", False)),
-                fields=["created_by_user"],
-                name="task_created_by_user_idx",
-            ),
-        ),
-        migrations.AddConstraint(
-            model_name="task",
-            constraint=models.UniqueConstraint(
-                condition=models.Q(("idempotency_key__isnull", False)),
-                fields=("idempotency_key",),
-                name="task_key_unique",
-            ),
         ),
     ]

@@ -2,6 +2,8 @@
 
 from django.db import migrations
 
+from tasks_app import online_migrations as online
+
 # A lease is written when its step is claimed and updated when it is renewed or released.
 # With no index on the columns those updates change, PostgreSQL can keep each update in the
 # row's page (a heap-only update, no new index entries) when the page has room: a
@@ -21,6 +23,8 @@ def reset_fillfactor(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("tasks_app", "0006_partial_task_indexes"),
     ]
@@ -28,7 +32,7 @@ class Migration(migrations.Migration):
     operations = [
         # Nothing reads leases by expiry: the sweeper finds lost leases through the steps'
         # step_lease_idx, and renewals go by (step, token).
-        migrations.RemoveIndex(
+        online.RemoveIndexOnline(
             model_name="lease",
             name="lease_live_idx",
         ),

@@ -5,14 +5,18 @@
 
 from django.db import migrations, models
 
+from tasks_app import online_migrations as online
+
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("tasks_app", "0007_heap_only_lease_updates"),
     ]
 
     operations = [
-        migrations.AddIndex(
+        online.AddIndexOnline(
             model_name="task",
             index=models.Index(
                 condition=models.Q(("status", "cancelled")),

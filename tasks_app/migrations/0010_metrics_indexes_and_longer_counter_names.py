@@ -3,15 +3,19 @@
 from django.conf import settings
 from django.db import migrations, models
 
+from tasks_app import online_migrations as online
+
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("tasks_app", "0009_heartbeat"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
-        migrations.RemoveIndex(
+        online.RemoveIndexOnline(
             model_name="task",
             name="task_active_status_idx",
         ),
@@ -20,7 +24,7 @@ class Migration(migrations.Migration):
             name="name",
             field=models.CharField(max_length=200, primary_key=True, serialize=False),
         ),
-        migrations.AddIndex(
+        online.AddIndexOnline(
             model_name="step",
             index=models.Index(
                 condition=models.Q(("status", "dead")),
@@ -28,7 +32,7 @@ class Migration(migrations.Migration):
                 name="step_dead_idx",
             ),
         ),
-        migrations.AddIndex(
+        online.AddIndexOnline(
             model_name="task",
             index=models.Index(
                 condition=models.Q(

@@ -1,5 +1,6 @@
 """Django's PostgreSQL backend with every statement, commit and rollback bounded on the
-client side (``tasks_app.deadlines``), so a hung server cannot hold a process forever."""
+client side (``tasks_app.deadlines``), so a hung server cannot hold a process forever, and
+a migration's DDL waiting only briefly for a table's lock (``schema``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from django.db.backends.postgresql import base
 
 from tasks_app.deadlines import bounded, bounded_execute
 
+from .schema import DatabaseSchemaEditor
+
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    SchemaEditorClass = DatabaseSchemaEditor
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.execute_wrappers.append(bounded_execute)
