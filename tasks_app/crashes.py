@@ -29,6 +29,7 @@ starts (``prepare``), watched once its pool runs (``watch``), removed when it st
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -213,6 +214,21 @@ WATCH_SECONDS = 0.2
 
 _directory: Path | None = None
 _watcher: ChildWatcher | None = None
+# Pool processes whose death this process is telling of, or has told of lately (a pid is
+# not reused within a few seconds).
+_telling: collections.deque[int] = collections.deque(maxlen=256)
+
+
+def will_tell(pid: int) -> bool:
+    """Whether the death of pool process ``pid`` is (or will be) told by this module's one
+    line: it held a batch, so :func:`recover` names the step it took down. The log filter
+    that drops billiard's own line for it asks this (``config.logs.OneLinePerCrash``)."""
+    if pid in _telling:
+        return True
+    if _directory is None:
+        return False
+    batch = read_batch(_directory / str(pid))
+    return batch is not None and bool(batch.claims)
 
 
 # The directories' names: this prefix, the main process's pid, a dash, random letters.
@@ -324,6 +340,8 @@ def recover(pid: int, path: Path) -> Recovery | None:
     record; None when it held nothing."""
     try:
         batch = read_batch(path)
+        if batch is not None and batch.claims:
+            _telling.append(pid)
         path.unlink(missing_ok=True)
         if batch is None or not batch.claims:
             return None

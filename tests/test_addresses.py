@@ -3,15 +3,26 @@ what a client claims (config/addresses.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
+from honcho.environ import parse_procfile
 
-from config.addresses import client_address
-from tests.test_settings import load_settings
+from config.addresses import ForwardedProtoMiddleware, client_address
+from tests.e2e_support import wait_for
+from tests.test_settings import PRODUCTION, ROOT, clean_env, load_settings
 
 PROXY = "10.9.0.5"
 TRUSTED = [ipaddress.ip_network("10.9.0.0/16")]
@@ -59,3 +70,140 @@ def test_a_bad_trusted_proxy_setting_refuses_to_start() -> None:
     result = load_settings(DJANGO_TRUSTED_PROXIES="10.9.0.0/16,the-proxy")
     assert result.returncode != 0
     assert "DJANGO_TRUSTED_PROXIES must be comma-separated networks" in result.stderr
+
+
+# --- whether a request came over TLS --------------------------------------------------------
+
+HTTPS = ("HTTP_X_FORWARDED_PROTO", "https")
+
+
+def scheme_seen(remote: str, proto: str | None) -> str:
+    """The scheme Django sees for a request from ``remote`` carrying ``X-Forwarded-Proto:
+    proto``, past the middleware."""
+    headers = {"X-Forwarded-Proto": proto} if proto is not None else {}
+    request = RequestFactory(REMOTE_ADDR=remote, headers=headers).get("/")
+    response = ForwardedProtoMiddleware(lambda request: HttpResponse(request.scheme))(request)
+    return response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("remote", "proto", "scheme"),
+    [
+        # A client writing the header itself, by the web process's own address.
+        ("198.51.100.7", "https", "http"),
+        ("127.0.0.1", "https", "http"),
+        # The proxy's word counts, either way.
+        (PROXY, "https", "https"),
+        (PROXY, "http", "http"),
+        (PROXY, None, "http"),
+    ],
+)
+def test_forwarded_proto_is_believed_only_from_a_trusted_proxy(
+    settings: Any, remote: str, proto: str | None, scheme: str
+) -> None:
+    settings.SECURE_PROXY_SSL_HEADER = HTTPS
+    settings.TRUSTED_PROXY_NETWORKS = TRUSTED
+    assert scheme_seen(remote, proto) == scheme
+
+
+def test_with_no_trusted_proxy_no_request_is_https_on_a_headers_word(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.SECURE_PROXY_SSL_HEADER = HTTPS
+    settings.TRUSTED_PROXY_NETWORKS = []
+    middleware = ForwardedProtoMiddleware(lambda request: HttpResponse(request.scheme))
+    seen = [
+        middleware(
+            RequestFactory(REMOTE_ADDR=remote, headers={"X-Forwarded-Proto": "https"}).get("/")
+        ).content
+        for remote in (PROXY, "198.51.100.7")
+    ]
+    assert seen == [b"http", b"http"]
+    # Once per process, naming the address to trust if it is the proxy.
+    assert [r.getMessage() for r in caplog.records if r.name == "config.addresses"] == [
+        f"ignored X-Forwarded-Proto from {PROXY}, which is not a trusted proxy "
+        "(DJANGO_TRUSTED_PROXIES); further ones are ignored without a line"
+    ]
+
+
+# --- the Procfile's web process -------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def procfile_web(folder: Path, **env: str) -> Iterator[tuple[int, Path]]:
+    """The Procfile's web line, as a Procfile runner starts it, in production mode on a
+    free port (one gunicorn worker); yields the port and its log once it answers."""
+    port = _free_port()
+    log_path = folder / "web.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            ["sh", "-c", parse_procfile((ROOT / "Procfile").read_text()).processes["web"]],
+            cwd=ROOT,
+            env=clean_env(
+                **{key: value for key, value in PRODUCTION.items() if key != "DJANGO_PRODUCTION"},
+                **env,
+                PORT=str(port),
+                WEB_CONCURRENCY="1",
+                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+
+        def answers() -> bool:
+            if process.poll() is not None:
+                raise AssertionError("the web process exited\n" + log_path.read_text())
+            try:
+                return get(port, "/healthz")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(answers, timeout=60, what=lambda: "the web process\n" + log_path.read_text())
+        yield port, log_path
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def get(port: int, path: str, **headers: str) -> tuple[int, str]:
+    """GET ``path`` from the web process by loopback; its status and Location."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path, headers={"Host": "example.com", **headers})
+        response = connection.getresponse()
+        return response.status, response.getheader("Location") or ""
+    finally:
+        connection.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_the_web_process_takes_no_forged_https_and_believes_a_named_proxy(
+    tmp_path: Path,
+) -> None:
+    """gunicorn binds every address; a client that reaches it directly and writes
+    ``X-Forwarded-Proto: https`` is still plain HTTP (redirected to HTTPS), while the same
+    request from a proxy named in DJANGO_TRUSTED_PROXIES is the HTTPS it forwarded."""
+    forged = {"X-Forwarded-Proto": "https"}
+    with procfile_web(tmp_path) as (port, log_path):
+        assert get(port, "/", **forged) == (301, "https://example.com/")
+        assert get(port, "/") == (301, "https://example.com/")
+    assert "ignored X-Forwarded-Proto from 127.0.0.1" in log_path.read_text()
+
+    (tmp_path / "trusted").mkdir()
+    with procfile_web(tmp_path / "trusted", DJANGO_TRUSTED_PROXIES="127.0.0.1/32") as (port, _):
+        assert get(port, "/", **forged) == (302, "/accounts/login/?next=/")
+        assert get(port, "/") == (301, "https://example.com/")

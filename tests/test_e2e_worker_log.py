@@ -1,20 +1,27 @@
 """What a worker logs at the Procfile's level (INFO) with the production defaults: one line
-per drain that ran steps, none per message or per sweep, and one line per retry, dead
-letter and expired review (tasks_app.oplog)."""
+per drain that ran steps, none per message or per sweep, one line per retry, dead letter
+and expired review (tasks_app.oplog), one per pool process that dies, and one for the
+expired messages it discards after being away."""
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
+from typing import cast
 
 import pytest
+import redis
 from django.db.models import F
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import Lease, Task, TaskStatus
+from tasks_app.tasks import sweep
 
 from .approval_support import ARTICLE
-from .e2e_support import wait_for, worker_on_test_database
+from .conftest import BROKER_PREFIX, BrokerView
+from .e2e_support import BEAT_READY, Worker, database_url, wait_for, worker_on_test_database
 from .remotes import LoopbackRemote
 
 pytestmark = [
@@ -114,3 +121,120 @@ def test_a_worker_at_info_logs_one_line_per_drain_and_none_per_message(
         logged,
     ), logged
     assert logged.count("tasks_app.events:") == 2, logged
+
+
+def test_a_pool_process_that_dies_is_one_line_naming_the_step_it_took_down(
+    tmp_path_factory: pytest.TempPathFactory,
+    module_remotes: tuple[LoopbackRemote, LoopbackRemote],
+) -> None:
+    """A step that kills its process: the worker says so once, naming the process and the
+    step, and neither Celery's WorkerLostError traceback nor billiard's exit line follow."""
+    with worker_on_test_database(
+        tmp_path_factory.mktemp("crash-log"),
+        module_remotes,
+        what="the worker log test",
+        TASKS_LOG_MESSAGES="0",
+    ) as worker:
+        mark = worker.mark()
+        task = services.enqueue(
+            "demo.flaky",
+            {"error": "crash", "fail_first": 1},
+            idempotency_key="log-crash",
+            actor="test:e2e",
+        ).task
+        step = task.steps.get()
+        first = wait_for(
+            lambda: Lease.objects.filter(step=step, token=1).first(),
+            timeout=60,
+            what=lambda: "the first claim\n" + worker.tail(),
+        )
+        pid = int(first.worker_id.rsplit(":", 1)[1])
+        wait_for(
+            lambda: Task.objects.filter(pk=task.pk, status=TaskStatus.SUCCEEDED).exists(),
+            timeout=60,
+            what=lambda: "the step to run again and succeed\n" + worker.tail(),
+        )
+        # The pool reaps the dead process when it next looks (up to 5 s on) and writes its
+        # own lines then, in the same pass: once the pid is gone they are in the log.
+        wait_for(
+            lambda: not Path(f"/proc/{pid}").exists(),
+            timeout=30,
+            what=lambda: f"the pool to reap process {pid}\n" + worker.tail(),
+        )
+    logged = worker.output(mark)
+
+    told = [line for line in logged.splitlines() if str(pid) in line]
+    assert len(told) == 1, logged
+    assert re.search(
+        rf"WARNING tasks_app\.crashes: pool process {pid} died running step {step.pk}; ",
+        told[0],
+    ), logged
+    for noise in ("WorkerLostError", "Traceback", "exited with", "ERROR"):
+        assert noise not in logged, logged
+
+
+def test_sweeps_that_expired_while_no_maintenance_worker_ran_are_one_line(
+    tmp_path: Path, broker: BrokerView
+) -> None:
+    """Beat keeps sending the sweep while no maintenance worker consumes it; each expires
+    after TASKS_SWEEP_SECONDS. The worker that comes back discards them all unrun and says
+    so once, when it takes a message again, not once per message."""
+    from django.conf import settings
+    from django.db import connection
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    queue = f"{BROKER_PREFIX}{settings.TASKS_MAINTENANCE_QUEUE}"
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "REDIS_URL": settings.REDIS_URL,
+        "TASKS_BROKER_PREFIX": BROKER_PREFIX,
+        "TASKS_SWEEP_SECONDS": "1",
+        "TASKS_VAR_DIR": str(tmp_path / "var"),
+        "TASKS_LOG_MESSAGES": "0",
+    }
+    beat = Worker(
+        ["--loglevel", "INFO", "--schedule", str(tmp_path / "beat-schedule")],
+        env=env,
+        log_path=tmp_path / "beat.log",
+        command="beat",
+        ready=BEAT_READY,
+    )
+    try:
+        beat.wait_ready(timeout=60)
+        wait_for(
+            lambda: cast(int, client.llen(queue)) >= 5,
+            timeout=60,
+            what=lambda: "beat to send five sweeps\n" + beat.tail(),
+        )
+    finally:
+        beat.stop()
+    waiting = cast(int, client.llen(queue))
+
+    maintenance = Worker(
+        ["--queues", "maintenance", "--concurrency", "1", "--loglevel", "INFO"],
+        env=env,
+        log_path=tmp_path / "maintenance.log",
+    )
+    try:
+        maintenance.wait_ready(timeout=60)
+        wait_for(
+            lambda: client.llen(queue) == 0,
+            timeout=60,
+            what=lambda: "the worker to take the waiting sweeps\n" + maintenance.tail(),
+        )
+        # A sweep that has not expired: the worker takes it, and tells what it discarded.
+        sweep.apply_async(queue=settings.TASKS_MAINTENANCE_QUEUE)
+        wait_for(
+            lambda: "discarded" in maintenance.output(),
+            timeout=30,
+            what=lambda: "the line on the discarded sweeps\n" + maintenance.tail(),
+        )
+    finally:
+        maintenance.stop()
+    logged = maintenance.output()
+
+    assert "Discarding revoked task" not in logged, logged
+    summaries = re.findall(r"INFO config\.celery: discarded (\d+) message\(s\) unrun: (.*)", logged)
+    assert summaries == [(str(waiting), f"tasks_app.tasks.sweep {waiting} expired")], logged
+    maintenance.assert_quiet()

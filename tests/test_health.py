@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from django.db.models import F
 from django.test import Client
 
+from config import probes
 from tasks_app import services
 from tasks_app.models import Heartbeat
 from tests.test_settings import PRODUCTION, load_settings
@@ -105,8 +107,7 @@ def test_the_probes_answer_a_production_process_called_by_address_over_http(path
     result = load_settings(
         "from django.test import Client; "
         f"print(Client(HTTP_HOST='10.1.2.3').get('{path}').status_code)",
-        **PRODUCTION,
-        DATABASE_URL="postgres://probe@127.0.0.1:1/nothing",
+        **{**PRODUCTION, "DATABASE_URL": "postgres://probe@127.0.0.1:1/nothing"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ("200" if path == "/healthz" else "503")
@@ -114,3 +115,33 @@ def test_the_probes_answer_a_production_process_called_by_address_over_http(path
 
 def test_the_probes_take_only_get(client: Client) -> None:
     assert client.post("/healthz").status_code == 405
+
+
+def test_a_failed_readyz_is_no_error_line_and_a_change_of_readiness_is_one_line(
+    client: Client, db: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prober asks every few seconds: Django's ERROR line per 503 would be one a probe.
+    The web process says once that it is not ready, and why, and once that it is again."""
+    monkeypatch.setattr(probes, "readiness", probes.Readiness())  # this process, fresh
+    caplog.set_level(logging.INFO)
+
+    answers = [client.get("/readyz").status_code for _ in range(3)]  # the sweeper never ran
+    services.sweep()
+    answers += [client.get("/readyz").status_code for _ in range(2)]
+
+    assert answers == [503, 503, 503, 200, 200]
+    assert not [r for r in caplog.records if r.name == "django.request"], caplog.text
+    assert [(r.levelname, r.name, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "config.probes", "not ready: sweeper (never ran)"),
+        ("INFO", "config.probes", "ready again"),
+    ]
+
+
+def test_other_refusals_are_still_logged_by_django(
+    client: Client, db: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.get("/tasks/")  # a page, logged out: a redirect, nothing logged
+    client.post("/healthz")
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.name == "django.request"] == [
+        ("django.request", "Method Not Allowed: /healthz")
+    ]

@@ -234,6 +234,40 @@ def test_metrics_take_the_token_from_anywhere(
 
 
 @pytest.mark.django_db
+def test_once_a_token_is_set_the_networks_no_longer_open_the_metrics(
+    client: Client, settings: Any
+) -> None:
+    """A proxy on the web process's own machine makes every request come from loopback: a
+    scraper anywhere would be let in as local. With a token, only the token opens them."""
+    import ipaddress
+
+    settings.METRICS_TOKEN = "s3cret-token"
+    settings.METRICS_ALLOWED_NETWORKS = [ipaddress.ip_network("10.0.0.0/8")]
+    for address in ("127.0.0.1", "10.1.2.3"):
+        refused = client.get("/metrics", REMOTE_ADDR=address)
+        assert refused.status_code == 401, address
+        assert refused["WWW-Authenticate"] == 'Bearer realm="metrics"'
+        assert b"tasks_" not in refused.content
+    bearer = {"Authorization": "Bearer s3cret-token"}
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1", headers=bearer).status_code == 200
+
+
+@pytest.mark.django_db
+def test_behind_a_trusted_proxy_the_networks_are_checked_against_the_client(
+    client: Client, settings: Any
+) -> None:
+    """A proxy on the same machine connects from loopback: what it forwards for a client
+    elsewhere is that client's request, not a local one."""
+    import ipaddress
+
+    settings.TRUSTED_PROXY_NETWORKS = [ipaddress.ip_network("127.0.0.1/32")]
+    forwarded = client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"})
+    assert forwarded.status_code == 403
+    assert b"tasks_" not in forwarded.content
+    assert client.get("/metrics").status_code == 200  # a scraper on the machine itself
+
+
+@pytest.mark.django_db
 def test_metrics_answer_an_allowed_network_and_none_means_none(
     client: Client, settings: Any
 ) -> None:

@@ -584,8 +584,8 @@ def test_logging_drops_beats_line_per_message_unless_messages_are_logged() -> No
 def test_beat_sends_sweeps_without_a_line_per_send(
     messages: str, tmp_path: Path, broker: BrokerView
 ) -> None:
-    """A real ``celery beat`` scheduling the sweep every second: it says it started, and
-    (unless messages are logged) nothing per sweep it sends."""
+    """A real ``celery beat`` scheduling the sweep every second: it says it started, (unless
+    messages are logged) nothing per sweep it sends, and, stopped, that it stopped."""
     if not settings.REDIS_URL:
         raise AssertionError("beat's test needs Redis: run `make test`")
     queue = f"{BROKER_PREFIX}{settings.TASKS_MAINTENANCE_QUEUE}"
@@ -617,6 +617,11 @@ def test_beat_sends_sweeps_without_a_line_per_send(
         beat.stop()
     logged = beat.output()
     assert "beat: Starting..." in logged
+    sent = cast(int, client.llen(queue))
+    stopped = re.findall(
+        r"INFO config\.beat: beat: stopped; messages sent since it started: (.*)", logged
+    )
+    assert stopped == [f"sweep {sent}"], logged
     if messages == "0":
         assert "Sending due task" not in logged, logged
     else:

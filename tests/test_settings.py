@@ -32,11 +32,13 @@ def load_settings(code: str = "print('ok')", **env: str) -> subprocess.Completed
     )
 
 
-# Everything production needs to start.
+# Everything production needs to start (servers nobody connects to while settings load).
 PRODUCTION = {
     "DJANGO_PRODUCTION": "1",
     "DJANGO_SECRET_KEY": "x" * 60,
     "DJANGO_ALLOWED_HOSTS": "example.com",
+    "DATABASE_URL": "postgres://u@127.0.0.1:5432/x",
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
     "PUBLISH_URL": "https://publish.example.com/api/",
     "MAIL_URL": "https://mail.example.com/api/",
 }
@@ -61,6 +63,36 @@ def test_production_starts_with_a_secret_hosts_and_the_real_remotes() -> None:
     result = load_settings(**PRODUCTION)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("name", "embedded"),
+    [
+        ("DATABASE_URL", "the embedded SQLite database"),
+        ("REDIS_URL", "the embedded file-system broker"),
+    ],
+)
+def test_production_refuses_to_start_on_the_embedded_database_or_broker(
+    tmp_path: Path, name: str, embedded: str
+) -> None:
+    var = tmp_path / "embedded"  # tests/conftest.py makes tmp_path/var
+    result = load_settings(**{**PRODUCTION, name: ""}, TASKS_VAR_DIR=str(var))
+    assert result.returncode != 0
+    assert (
+        f"DJANGO_PRODUCTION is set: {name} is required "
+        f"(without it this process would use {embedded} under var/"
+    ) in result.stderr
+    assert not var.exists()
+
+
+def test_production_refuses_a_database_that_is_not_postgresql(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    result = load_settings(**{**PRODUCTION, "DATABASE_URL": url})
+    assert result.returncode != 0
+    assert (
+        "DJANGO_PRODUCTION is set: DATABASE_URL must name a PostgreSQL database "
+        "(postgres://…), not sqlite3"
+    ) in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -129,7 +161,7 @@ POSTGRES = {"DATABASE_URL": "postgres://u@127.0.0.1:5432/x"}
         ({**EMBEDDED, "TASKS_FAKE_REMOTES": "0"}, "not served"),
         (POSTGRES, "not served"),
         ({**POSTGRES, "TASKS_FAKE_REMOTES": "1"}, "served"),
-        ({**PRODUCTION, **EMBEDDED}, "not served"),
+        (PRODUCTION, "not served"),
     ],
 )
 def test_the_fake_remotes_are_served_only_in_the_embedded_demo_unless_asked_for(
@@ -299,12 +331,7 @@ def test_var_is_made_only_for_the_embedded_database_or_broker(
 
 def test_production_on_postgresql_and_redis_writes_nothing_under_var(tmp_path: Path) -> None:
     var = tmp_path / "embedded"  # tests/conftest.py makes tmp_path/var
-    result = load_settings(
-        **PRODUCTION,
-        DATABASE_URL="postgres://u@127.0.0.1:5432/x",
-        REDIS_URL=REDIS,
-        TASKS_VAR_DIR=str(var),
-    )
+    result = load_settings(**PRODUCTION, TASKS_VAR_DIR=str(var))
     assert result.returncode == 0, result.stderr
     assert not var.exists()
 
@@ -322,14 +349,19 @@ def test_beat_makes_the_folder_of_its_schedule_file_itself(tmp_path: Path) -> No
     assert list(schedule.parent.glob("celerybeat-schedule*"))
 
 
+@pytest.mark.django_db
 def test_the_release_line_leaves_what_a_production_web_process_serves(tmp_path: Path) -> None:
     """The Procfile's release line, run as written with production settings, applies the
     migrations and collects the hashed static files the pages link: without them the admin
-    login answers 500 (no manifest entry for its stylesheet)."""
+    login answers 500 (no manifest entry for its stylesheet). Production runs on
+    PostgreSQL only: the test database, migrated already, stands for the deployment's."""
+    from django.db import connection
+
+    from tests.e2e_support import database_url
+
     production = {
         **PRODUCTION,
-        "DATABASE_URL": "",
-        "REDIS_URL": "",
+        "DATABASE_URL": database_url(connection.settings_dict),
         "TASKS_VAR_DIR": str(tmp_path / "var"),
         "DJANGO_STATIC_ROOT": str(tmp_path / "static"),
     }
