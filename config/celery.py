@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
@@ -8,12 +9,16 @@ from celery import Celery
 from celery.signals import (
     task_postrun,
     task_prerun,
+    task_received,
+    task_revoked,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
 )
+
+from .logs import DiscardSummary
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -79,6 +84,27 @@ def _report_shutdown(sender: Any, **kwargs: Any) -> None:
 
 
 @worker_init.connect
+def _refuse_a_taken_name(sender: Any, **kwargs: Any) -> None:
+    """A node whose name another live node reports under does not start: one heartbeat row
+    would stand for both, and a dead one would look live (tasks_app.presence)."""
+    import logging
+    import os
+    import socket
+
+    from django.db import DatabaseError
+
+    from tasks_app import presence
+
+    try:
+        taken = presence.name_taken(sender.hostname, socket.gethostname(), os.getpid())
+    except DatabaseError:
+        return  # without the database the name cannot be checked: the node starts
+    if taken is not None:
+        logging.getLogger("tasks_app.presence").critical("not starting: %s", taken)
+        raise SystemExit(2)
+
+
+@worker_init.connect
 def _prepare_claims_records(**kwargs: Any) -> None:
     """The main process makes the directory where its pool processes record what they
     hold, so it can hand their claims back if one dies (tasks_app.crashes)."""
@@ -113,3 +139,27 @@ def _remove_claims_records(**kwargs: Any) -> None:
     from tasks_app import crashes
 
     crashes.clean_up()
+
+
+# Messages a worker discards unrun (a sweep that expired in the queue while no maintenance
+# worker consumed it), summed up in one line instead of Celery's line each.
+_discards = DiscardSummary(logging.getLogger(__name__))
+
+
+@task_revoked.connect
+def _count_discarded(
+    sender: Any, expired: bool = False, terminated: bool = False, **kwargs: Any
+) -> None:
+    if not terminated:
+        _discards.discarded(getattr(sender, "name", str(sender)), expired=bool(expired))
+
+
+@task_received.connect
+def _report_discarded(**kwargs: Any) -> None:
+    """A message taken (not discarded): what was discarded before it is told now."""
+    _discards.report()
+
+
+@worker_shutdown.connect
+def _report_discarded_at_shutdown(**kwargs: Any) -> None:
+    _discards.report()

@@ -2,8 +2,8 @@
 
 With nothing set it runs on the embedded default: SQLite and Celery's file-system broker
 under ``var/``. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and Redis.
-``DJANGO_PRODUCTION`` refuses to start without a secret key, allowed hosts and the real
-remotes of the shipped workflows.
+``DJANGO_PRODUCTION`` refuses to start without a secret key, allowed hosts, PostgreSQL and
+Redis, and the real remotes of the shipped workflows.
 """
 
 from __future__ import annotations
@@ -129,6 +129,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # X-Forwarded-Proto believed only from TRUSTED_PROXY_NETWORKS, before anything asks
+    # whether a request came over TLS.
+    "config.addresses.ForwardedProtoMiddleware",
     # /healthz and /readyz, before the host check and the HTTPS redirect.
     "config.probes.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -174,6 +177,18 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
+if PRODUCTION:
+    # Without them a process would quietly run on the embedded demo's SQLite file and file
+    # broker under var/: work that no other machine sees and that goes with the disk.
+    for _name, _value, _embedded in [
+        ("DATABASE_URL", DATABASE_URL, "the embedded SQLite database"),
+        ("REDIS_URL", REDIS_URL, "the embedded file-system broker"),
+    ]:
+        if not _value:
+            raise ImproperlyConfigured(
+                f"DJANGO_PRODUCTION is set: {_name} is required (without it this process "
+                f"would use {_embedded} under var/, which no other process shares)"
+            )
 # Every PostgreSQL session of every process (web, workers, the sweeper, beat, producers
 # using the service API) waits this long at most: to connect; for one statement (0: no
 # limit, as the release step's migrations run); for a row lock; idle inside a
@@ -191,12 +206,24 @@ TASKS_DB_CLIENT_GRACE_SECONDS = env_int("TASKS_DB_CLIENT_GRACE_SECONDS", 5)
 # A connection is kept this long (CONN_MAX_AGE), and a worker process idle this long gives
 # its connections back (tasks_app.idle_connections).
 TASKS_DB_CONN_MAX_AGE_SECONDS = env_int("TASKS_DB_CONN_MAX_AGE_SECONDS", 60, minimum=0)
+# A migration's DDL waits at most this long for a table's lock (shorter than the workers'
+# own, so nobody queued behind it gives up), and a statement outside a transaction whose
+# wait ran out is tried again up to this many times (tasks_app.pg_backend.schema).
+TASKS_MIGRATION_LOCK_TIMEOUT_MS = env_int("TASKS_MIGRATION_LOCK_TIMEOUT_MS", 2_000)
+TASKS_MIGRATION_LOCK_ATTEMPTS = env_int("TASKS_MIGRATION_LOCK_ATTEMPTS", 10)
 # The sweeper waits at most this long for a row it cannot skip (tasks_app.lock_conflicts).
 TASKS_SWEEPER_LOCK_TIMEOUT_MS = env_int("TASKS_SWEEPER_LOCK_TIMEOUT_MS", 1_000)
 if DATABASE_URL:
     DATABASES = {
         "default": dj_database_url.parse(DATABASE_URL, conn_max_age=TASKS_DB_CONN_MAX_AGE_SECONDS)
     }
+    if PRODUCTION and DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        # The database's clock, the event history's append-only trigger and the hot
+        # statements are PostgreSQL's; SQLite is the embedded demo's.
+        raise ImproperlyConfigured(
+            "DJANGO_PRODUCTION is set: DATABASE_URL must name a PostgreSQL database "
+            f"(postgres://…), not {DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
+        )
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # Django's backend, every round trip bounded on the client side as well.
         DATABASES["default"]["ENGINE"] = "tasks_app.pg_backend"
@@ -291,10 +318,12 @@ SECURE_CSP = {
     "frame-ancestors": [CSP.NONE],
 }
 
-# Celery logs two lines per message at INFO (received, succeeded), and beat one per message
-# it schedules (the sweep, every TASKS_SWEEP_SECONDS). A worker drains many steps per
-# message and logs one line per drain instead (tasks_app.runner); on, Celery's and beat's
-# lines come back, for following single messages.
+# Celery logs two lines per message at INFO (received, succeeded), one per message a worker
+# discards unrun (a sweep that expired in the queue), and beat one per message it
+# schedules (the sweep, every TASKS_SWEEP_SECONDS). A worker drains many steps per message
+# and logs one line per drain instead (tasks_app.runner), and one summing up what it
+# discarded (config.celery); on, Celery's and beat's lines come back, for following single
+# messages.
 TASKS_LOG_MESSAGES = env_bool("TASKS_LOG_MESSAGES")
 # Every line readable (`text`) or one JSON object per line (`json`), for all loggers; the
 # task system's operational lines (tasks_app.oplog) carry their fields either way.
@@ -313,23 +342,51 @@ LOGGING = {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
         "json": {"()": "config.logs.JsonFormatter"},
     },
-    "filters": {"beat_sends": {"()": "config.logs.DropBeatSends"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": TASKS_LOG_FORMAT}},
+    "filters": {
+        "beat_sends": {"()": "config.logs.DropBeatSends"},
+        "discards": {"()": "config.logs.DropDiscards"},
+        "probes": {"()": "config.logs.DropProbeAnswers"},
+        "crashes": {"()": "config.logs.OneLinePerCrash"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": TASKS_LOG_FORMAT,
+            # Sees every logger's records, so it can tell one crash's lines apart.
+            "filters": ["crashes"],
+        }
+    },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         # Django's own loggers write through the one handler too (its defaults add a
         # handler of their own, which outside production wrote each line a second time).
         "django": {"level": "INFO"},
         "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # A probe's answer is for its prober: no ERROR line per 503 of /readyz (the probe
+        # logs a change of readiness once, config.probes).
+        "django.request": {"filters": ["probes"]},
+        "config": {"level": "INFO"},
         "tasks_app": {"level": env_str("TASKS_LOG_LEVEL", "INFO")},
         "celery.app.trace": _quiet,
         "celery.worker.strategy": _quiet,
-        # Beat's start-up and shutdown lines come from the same logger and stay.
+        # A message that expired in the queue (a sweep while no maintenance worker ran) is
+        # discarded with a line each; the worker sums them up instead (config.celery).
+        "celery.worker.request": {} if TASKS_LOG_MESSAGES else {"filters": ["discards"]},
+        # Billiard's (the prefork pool's) lines, which Celery would give a handler and
+        # format of its own: through the one handler, in the one format.
+        "multiprocessing": {"handlers": ["console"], "propagate": False},
+        # Beat's start-up line comes from the same logger and stays; config.beat says when
+        # beat stops.
         "celery.beat": {} if TASKS_LOG_MESSAGES else {"filters": ["beat_sends"]},
     },
 }
 
 if PRODUCTION:
+    # A request came over TLS when the proxy that ended it says so; the header is read only
+    # from the proxies named in DJANGO_TRUSTED_PROXIES and dropped from anyone else
+    # (config.addresses.ForwardedProtoMiddleware), so a client that reaches a web process
+    # directly cannot claim HTTPS. gunicorn believes no forwarded header itself (the
+    # Procfile's --forwarded-allow-ips '').
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", default=True)
     SESSION_COOKIE_SECURE = True
@@ -339,9 +396,11 @@ if PRODUCTION:
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
-# Proxies whose X-Forwarded-For is believed (comma-separated networks; none by default, so
-# a client's address is always the connecting one: config/addresses.py). Behind a proxy,
-# name its addresses; unset, every client has the proxy's address.
+# Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (comma-separated
+# networks; none by default, so a client's address is always the connecting one and no
+# request is taken for HTTPS on a header's word: config/addresses.py). Behind a proxy,
+# name its addresses; unset, every client has the proxy's address, and production
+# redirects every request the proxy forwards to HTTPS again.
 TRUSTED_PROXY_NETWORKS = env_networks("DJANGO_TRUSTED_PROXIES", [])
 
 # --- the task system -------------------------------------------------------------------
@@ -366,12 +425,15 @@ TASKS_SQL_FAST_PATH = env_bool("TASKS_SQL_FAST_PATH", default=True)
 TASKS_PUBLISH_WAIT_MS = env_int("TASKS_PUBLISH_WAIT_MS", 250, minimum=0)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
+# A rolling deploy: a step whose workflow version a worker does not have registered is
+# handed back to wait for a worker that does, tried again every TASKS_VERSION_RETRY_SECONDS,
+# and dead-lettered as incompatible_version once it has waited TASKS_VERSION_WAIT_SECONDS.
+TASKS_VERSION_WAIT_SECONDS = env_int("TASKS_VERSION_WAIT_SECONDS", 3600, minimum=0)
+TASKS_VERSION_RETRY_SECONDS = env_int("TASKS_VERSION_RETRY_SECONDS", 30)
 # Each worker node reports itself this often (tasks_app.presence); one not seen for
-# TASKS_WORKER_SILENT_SECONDS is shown as silent.
+# TASKS_WORKER_SILENT_SECONDS (two reports missed, by default) is shown as silent.
 TASKS_HEARTBEAT_SECONDS = env_int("TASKS_HEARTBEAT_SECONDS", 10)
-TASKS_WORKER_SILENT_SECONDS = env_int(
-    "TASKS_WORKER_SILENT_SECONDS", max(30, 3 * TASKS_HEARTBEAT_SECONDS)
-)
+TASKS_WORKER_SILENT_SECONDS = env_int("TASKS_WORKER_SILENT_SECONDS", 2 * TASKS_HEARTBEAT_SECONDS)
 if TASKS_WORKER_SILENT_SECONDS <= TASKS_HEARTBEAT_SECONDS:
     raise ImproperlyConfigured(
         f"TASKS_WORKER_SILENT_SECONDS must be longer than TASKS_HEARTBEAT_SECONDS "
@@ -446,8 +508,10 @@ RETENTION_BATCH = env_int("RETENTION_BATCH", 500)
 
 # --- metrics -------------------------------------------------------------------------
 
-# /metrics answers a request bearing this token ("Authorization: Bearer <token>") or coming
-# from one of these networks (the address the web process sees; "none" for no network).
+# /metrics answers a request bearing this token ("Authorization: Bearer <token>"), from any
+# address, and once it is set nothing else: a proxy on the web process's own machine makes
+# every request look local. Without a token it answers these networks (the client's address
+# as config/addresses.py tells it; "none" for no network).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
 

@@ -97,6 +97,10 @@ class RemoteRefused(PermanentError):
 # running it (a poison step kills every process that runs it), so it is claimed only in a
 # batch of its own, never with other steps (``tasks_app.batch.claim_batch``).
 LEASE_EXPIRED = "lease_expired"
+# The ``error_class`` of a step handed back by a worker that does not have its task's
+# workflow version registered (a rolling deploy): it waits for a worker that does, for
+# ``TASKS_VERSION_WAIT_SECONDS``, then is dead-lettered as ``incompatible_version``.
+AWAITING_VERSION = "awaiting_version"
 
 
 def error_class(exc: BaseException) -> str:

@@ -7,7 +7,7 @@ is recorded as ``stale_write_rejected``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -18,7 +18,8 @@ from . import counting
 from .access import SYSTEM
 from .approval_steps import open_approval_step
 from .dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
-from .models import EventKind, Lease, Step, StepStatus, Task, TaskStatus
+from .exceptions import AWAITING_VERSION
+from .models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from .transitions import (
     after_success,
     db_now,
@@ -273,7 +274,15 @@ def fail_step(
     return False
 
 
-def release_claim(claim: Claim, *, actor: str, reason: str, **data: Any) -> bool:
+def release_claim(
+    claim: Claim,
+    *,
+    actor: str,
+    reason: str,
+    retry_in: float = 0,
+    error: tuple[str, str] | None = None,
+    **data: Any,
+) -> bool:
     """Hand a claimed step back without charging its attempt: its worker stopped holding it
     for no fault of the step (the process died running another step of the same batch).
 
@@ -282,7 +291,9 @@ def release_claim(claim: Claim, *, actor: str, reason: str, **data: Any) -> bool
     changes (False, and no event: the one writing here is not that worker). The step is
     due again at once, with the attempts it had before the claim and the same fencing
     token, or cancelled if a cancel was requested meanwhile; ``claim_released`` records it
-    (with ``data``, such as whether the handler had run) and its doorbell rings.
+    (with ``data``, such as whether the handler had run) and its doorbell rings. With
+    ``retry_in`` it is due that many seconds later instead; ``error`` (class, message) says
+    on the step why it waits.
     """
     with transaction.atomic():
         task = lock_task(claim.task_id)
@@ -299,17 +310,14 @@ def release_claim(claim: Claim, *, actor: str, reason: str, **data: Any) -> bool
             step.finished_at = now
         else:
             step.status, outcome = StepStatus.PENDING, "pending"
-            step.available_at = step.dispatched_at = now
-        step.save(
-            update_fields=[
-                "status",
-                "attempts",
-                "lease_expires_at",
-                "finished_at",
-                "available_at",
-                "dispatched_at",
-            ]
-        )
+            step.dispatched_at = now
+            step.available_at = now + timedelta(seconds=retry_in)
+        fields = ["status", "attempts", "lease_expires_at", "finished_at"]
+        fields += ["available_at", "dispatched_at"]
+        if error is not None:
+            step.error_class, step.last_error = error
+            fields += ["error_class", "last_error"]
+        step.save(update_fields=fields)
         status = settle_and_record(
             EventKind.CLAIM_RELEASED,
             task,
@@ -330,8 +338,25 @@ def release_claim(claim: Claim, *, actor: str, reason: str, **data: Any) -> bool
                 task_status=status,
             )
         else:
-            ring_on_commit([Doorbell(step.pk, step.queue)])
+            ring_on_commit([Doorbell(step.pk, step.queue, countdown=retry_in)])
     return True
+
+
+def awaiting_version_since(task_id: int, step_id: int) -> datetime | None:
+    """When a worker first handed the step back for want of its workflow version (the
+    oldest such ``claim_released`` since the step was last redriven), or None. Read through
+    the task's events (``event_task_idx``)."""
+    events = Event.objects.filter(task_id=task_id, step_id=step_id)
+    last_run = (
+        events.filter(kind=EventKind.REDRIVEN)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    waits = events.filter(kind=EventKind.CLAIM_RELEASED, reason=AWAITING_VERSION)
+    if last_run is not None:
+        waits = waits.filter(created_at__gt=last_run)
+    return waits.order_by("created_at").values_list("created_at", flat=True).first()
 
 
 def expire_lease_now(claim: Claim) -> bool:

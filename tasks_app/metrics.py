@@ -36,6 +36,7 @@ from .counting import (
     STEP_SECONDS_BUCKETS,
     bucket_label,
 )
+from .exceptions import AWAITING_VERSION
 from .models import Counter as CounterRow
 from .models import Step, StepStatus, Task
 from .retention import PRUNED_COUNTER_PREFIX
@@ -88,6 +89,21 @@ def work_now() -> Iterator[Metric]:
     ):
         dead.add_metric([queue, error_class or "unknown"], n)
     yield dead
+
+    awaiting = _gauge(
+        "tasks_steps_awaiting_version",
+        "Steps handed back to wait for a worker that has their workflow version (a deploy).",
+        ["queue", "workflow"],
+    )
+    # Answered from its own small index (step_awaiting_version_idx).
+    for queue, workflow, n in (
+        Step.objects.filter(status=StepStatus.PENDING, error_class=AWAITING_VERSION)
+        .values_list("queue", "task__workflow")
+        .annotate(n=Count("*"))
+        .order_by()
+    ):
+        awaiting.add_metric([queue, workflow], n)
+    yield awaiting
 
     due = _gauge("tasks_queue_due_steps", "Steps due now.", ["queue"])
     lag = _gauge("tasks_queue_lag_seconds", "Age of the oldest due step (0 when none).", ["queue"])

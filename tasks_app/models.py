@@ -235,6 +235,13 @@ class Step(models.Model):
                 name="step_dead_idx",
                 condition=Q(status="dead"),
             ),
+            # The metrics' steps waiting for a worker that has their workflow version (a
+            # rolling deploy: exceptions.AWAITING_VERSION); only those rows have entries.
+            models.Index(
+                fields=["queue"],
+                name="step_awaiting_version_idx",
+                condition=Q(status="pending", error_class="awaiting_version"),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -65,6 +65,43 @@ def worker_started(node: NodeInfo) -> None:
     )
 
 
+def name_taken(name: str, hostname: str, pid: int) -> str | None:
+    """Whether another live worker node already reports under ``name``; None when the name
+    is free. A node's row is its name's: two processes under one name would share one
+    heartbeat, so a dead one would look live. A row left by a process of this host that no
+    longer runs (killed, then started again under its old name) does not count."""
+    silent_after = timedelta(seconds=settings.TASKS_WORKER_SILENT_SECONDS)
+    row = (
+        Heartbeat.objects.filter(
+            name=name,
+            role=Heartbeat.Role.WORKER,
+            stopped_at=None,
+            seen_at__gte=Now() - silent_after,
+        )
+        .exclude(pid=pid, hostname=hostname)
+        .first()
+    )
+    if row is None or (row.hostname == hostname and not _running(row.pid)):
+        return None
+    return (
+        f"worker node name {name} is taken: process {row.pid} on {row.hostname} reports under "
+        f"it (seen {round((db_now() - row.seen_at).total_seconds())} s ago); give each worker "
+        "its own name (--hostname, as the Procfile does: worker-$$@%h)"
+    )
+
+
+def _running(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def worker_seen(node: NodeInfo) -> None:
     # The pool replaces processes that die or reach their task limit: keep the list fresh.
     seen = Heartbeat.objects.filter(name=node.name).update(

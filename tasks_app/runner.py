@@ -21,7 +21,14 @@ from django.db import InterfaceError, OperationalError, connections
 from . import batch, crashes, services
 from .dispatch import Doorbell, ring_on_commit
 from .effects import LeaseLost
-from .exceptions import InvalidInput, OutcomeUnknown, PermanentError, error_class, error_text
+from .exceptions import (
+    AWAITING_VERSION,
+    InvalidInput,
+    OutcomeUnknown,
+    PermanentError,
+    error_class,
+    error_text,
+)
 from .lock_conflicts import is_lock_conflict
 from .models import Step, Task
 from .transitions import leads_to_approval
@@ -290,8 +297,9 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
     """Run one handler; returns its result, or ``_RECORDED`` once its outcome is recorded.
 
     1. Find the workflow version the task was enqueued under; if it is gone, or the step's
-       kind is not that version's, dead-letter (``incompatible_version`` /
-       ``unknown_step_kind``) rather than run it under other rules.
+       kind is not that version's, never run it under other rules: hand it back to wait
+       for a worker that has the version (a rolling deploy; :func:`_await_version`), or
+       dead-letter it (``unknown_step_kind``).
     2. Build the context (payload, earlier results, attempt, step key, effects ledger).
     3. Run the handler and classify: a JSON result is returned; ``OutcomeUnknown`` and
        permanent errors dead-letter; anything else retries with backoff.
@@ -299,12 +307,7 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
     task = step.task
     flow = registry.get(task.workflow, task.workflow_version)
     if flow is None:
-        _dead(
-            claim,
-            "incompatible_version",
-            f"workflow {task.workflow} v{task.workflow_version} is not registered on this worker",
-            "incompatible_version",
-        )
+        _await_version(claim, task)
         return _RECORDED
     spec = flow.step(step.position)
     if spec is None or spec.kind != step.kind:
@@ -351,6 +354,43 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
         else:
             return result
     return _RECORDED
+
+
+def _await_version(claim: services.Claim, task: Task) -> None:
+    """A step whose workflow version this worker does not have registered: during a rolling
+    deploy, producers may enqueue under a version only the new workers know. The step is
+    handed back uncharged, due again in ``TASKS_VERSION_RETRY_SECONDS``, marked
+    ``awaiting_version`` (the console shows it, ``tasks_steps_awaiting_version`` counts
+    it), so a worker that has the version takes it; once it has waited
+    ``TASKS_VERSION_WAIT_SECONDS`` since it was first handed back, it is dead-lettered as
+    ``incompatible_version``."""
+    lease_keeper.forget(claim)
+    wanted = f"workflow {task.workflow} v{task.workflow_version}"
+    known = ", ".join(f"v{v}" for v in registry.versions(task.workflow)) or "no version"
+    since = services.awaiting_version_since(task.pk, claim.step_id)
+    waited = 0.0 if since is None else (services.db_now() - since).total_seconds()
+    if waited >= settings.TASKS_VERSION_WAIT_SECONDS:
+        services.fail_step(
+            claim,
+            error_class="incompatible_version",
+            message=f"{wanted} is not registered on any worker that claimed it in "
+            f"{round(waited)} s of waiting (this worker has {known})",
+            retry_in=None,
+            reason="incompatible_version",
+        )
+        return
+    message = (
+        f"{wanted} is not registered on worker {claim.worker_id} (it has {known}); "
+        f"waiting for a worker that has it, up to {settings.TASKS_VERSION_WAIT_SECONDS} s"
+    )
+    services.release_claim(
+        claim,
+        actor=f"worker:{claim.worker_id}",
+        reason=AWAITING_VERSION,
+        retry_in=settings.TASKS_VERSION_RETRY_SECONDS,
+        error=(AWAITING_VERSION, message),
+        version=task.workflow_version,
+    )
 
 
 def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:

@@ -18,6 +18,7 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from . import task_actions as task_actions_rule
+from .exceptions import AWAITING_VERSION
 from .models import (
     Event,
     EventKind,
@@ -219,6 +220,8 @@ class TaskDetail:
     now: datetime
     # The first dead step (the one redrive and resolve act on), if any.
     dead_step: Step | None = None
+    # A step handed back to wait for a worker that has its workflow version, if any.
+    awaiting_version: Step | None = None
 
     @property
     def outcome_unknown(self) -> bool:
@@ -279,10 +282,19 @@ def task_detail(task: Task) -> TaskDetail:
         current = held[-1] if held and step.status == StepStatus.RUNNING else None
         rows.append(StepRow(step, leases.get(step.pk, []), current))
     dead = next((step for step in steps if step.status == StepStatus.DEAD), None)
+    waiting = next(
+        (
+            step
+            for step in steps
+            if step.status == StepStatus.PENDING and step.error_class == AWAITING_VERSION
+        ),
+        None,
+    )
     return TaskDetail(
         task=task,
         steps=rows,
         events=list(Event.objects.for_task(task.pk)),
         now=db_now(),
         dead_step=dead,
+        awaiting_version=waiting,
     )

@@ -25,11 +25,13 @@ from .enqueueing import EnqueueResult, PreparedItem, enqueue, enqueue_many, get_
 from .leases import (
     Claim,
     HeartbeatResult,
+    awaiting_version_since,
     claim_step,
     complete_step,
     fail_step,
     heartbeat,
     reject_stale,
+    release_claim,
 )
 from .operator_actions import (
     BULK_ACTIONS,
@@ -77,6 +79,7 @@ __all__ = [
     "act_on_dead",
     "act_on_tasks",
     "actor_fields",
+    "awaiting_version_since",
     "bump_counter",
     "cancel",
     "check_bulk",
@@ -102,6 +105,7 @@ __all__ = [
     "redrive",
     "register_sweep_job",
     "reject_stale",
+    "release_claim",
     "resolve",
     "resume_queue",
     "revise",

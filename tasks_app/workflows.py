@@ -1,8 +1,10 @@
 """The workflow registry: workflows are declared in code with a name and a version.
 
 Only registered workflows and step kinds run. A task keeps the version it was enqueued
-under; if that version is no longer registered, the worker dead-letters it as
-``incompatible_version`` instead of running it under other rules.
+under; a worker that does not have that version registered never runs it under other
+rules: it hands the step back to wait for a worker that has it (a rolling deploy), and
+after ``TASKS_VERSION_WAIT_SECONDS`` dead-letters it as ``incompatible_version``
+(``tasks_app.runner``).
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted({name for name, _ in self._workflows})
+
+    def versions(self, name: str) -> list[int]:
+        """The versions of ``name`` registered in this process, oldest first."""
+        return sorted(version for n, version in self._workflows if n == name)
 
 
 registry = Registry()

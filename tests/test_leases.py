@@ -34,6 +34,7 @@ from tasks_app.services import Claim
 from tasks_app.tasks import run_step
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.conftest import BrokerView, backdate, only_step, worker_thread
+from tests.e2e_support import wait_for
 
 from .lease_support import LEASE, WORKER, claim, events, expire_lease, fresh, kinds, step_at
 
@@ -733,11 +734,79 @@ def test_the_oncall_engineer_may_pause_and_resume_a_queue(oncall: User) -> None:
 
 
 @pytest.mark.django_db
-def test_a_task_whose_workflow_version_is_gone_is_dead_lettered_as_incompatible(
-    versioned: str, recorder: Recorder
+def test_a_step_of_a_version_this_worker_lacks_waits_uncharged_for_a_worker_that_has_it(
+    versioned: str, recorder: Recorder, settings: Any
 ) -> None:
+    """A rolling deploy: a producer on the new code enqueued v2; an old worker (v1 only)
+    claims it, hands it back marked, due again later, attempt not charged; a worker that
+    has v2 then runs it."""
+    settings.TASKS_VERSION_RETRY_SECONDS = 30
     task = services.enqueue(versioned, {}).task
     assert task.workflow_version == 2
+    step = only_step(task)
+    registry.unregister(versioned, 2)  # this worker runs the old release
+
+    assert runner.run_claimed(step.pk) is True
+
+    assert recorder.calls == []
+    step = fresh(step)
+    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.PENDING, 0, 1)
+    assert step.error_class == "awaiting_version"
+    assert "v2 is not registered on worker" in step.last_error
+    assert "it has v1" in step.last_error
+    assert step.available_at is not None and step.available_at > services.db_now()
+    assert runner.run_claimed(step.pk) is False  # not due before the retry interval
+    released = events(task, EventKind.CLAIM_RELEASED)
+    assert [(e.reason, e.data["version"]) for e in released] == [("awaiting_version", 2)]
+    task.refresh_from_db()
+    assert task.status == TaskStatus.PENDING
+
+    # A worker of the new release takes it once it is due.
+    register(Workflow(versioned, 2, steps=(StepSpec("only", recorder.handler),)))
+    backdate(step, seconds=60)
+    assert runner.run_claimed(step.pk) is True
+    step = fresh(step)
+    assert (step.status, step.attempts, step.fencing_token) == (StepStatus.SUCCEEDED, 1, 2)
+    assert kinds(task) == ["enqueued", "claimed", "claim_released", "claimed", "succeeded"]
+
+
+@pytest.mark.django_db
+def test_a_step_that_waited_its_whole_time_for_its_version_is_dead_lettered_as_incompatible(
+    versioned: str, recorder: Recorder, settings: Any
+) -> None:
+    settings.TASKS_VERSION_WAIT_SECONDS = 1
+    task = services.enqueue(versioned, {}).task
+    step = only_step(task)
+    registry.unregister(versioned, 2)
+    assert runner.run_claimed(step.pk) is True
+    assert fresh(step).status == StepStatus.PENDING
+    since = services.awaiting_version_since(task.pk, step.pk)
+    assert since is not None
+    wait_for(
+        lambda: (services.db_now() - since).total_seconds() >= 1,
+        timeout=10,
+        what="the wait to pass by the database's clock",
+    )
+
+    backdate(step, seconds=60)
+    assert runner.run_claimed(step.pk) is True
+
+    assert recorder.calls == []
+    step = fresh(step)
+    assert (step.status, step.attempts) == (StepStatus.DEAD, 1)
+    assert step.error_class == "incompatible_version"
+    assert "v2 is not registered on any worker that claimed it" in step.last_error
+    task.refresh_from_db()
+    assert task.status == TaskStatus.DEAD
+    assert [e.reason for e in events(task, EventKind.DEAD_LETTERED)] == ["incompatible_version"]
+
+
+@pytest.mark.django_db
+def test_with_no_wait_a_step_of_a_missing_version_is_dead_lettered_at_once(
+    versioned: str, recorder: Recorder, settings: Any
+) -> None:
+    settings.TASKS_VERSION_WAIT_SECONDS = 0
+    task = services.enqueue(versioned, {}).task
     step = only_step(task)
     registry.unregister(versioned, 2)  # a deploy rolled the worker back to v1
 
@@ -748,8 +817,6 @@ def test_a_task_whose_workflow_version_is_gone_is_dead_lettered_as_incompatible(
     assert (step.status, step.attempts) == (StepStatus.DEAD, 1)
     assert step.error_class == "incompatible_version"
     assert "v2" in step.last_error
-    task.refresh_from_db()
-    assert task.status == TaskStatus.DEAD
     assert [e.reason for e in events(task, EventKind.DEAD_LETTERED)] == ["incompatible_version"]
 
 
