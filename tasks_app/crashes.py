@@ -46,6 +46,7 @@ from django.db import connections
 
 from . import leases
 from .leases import Claim
+from .presence import process_running
 
 logger = logging.getLogger(__name__)
 
@@ -245,23 +246,13 @@ def prepare() -> None:
         for old in parent.glob(f"{DIRECTORY_PREFIX}*-*"):
             pid = old.name.removeprefix(DIRECTORY_PREFIX).split("-", 1)[0]
             mine = not old.is_symlink() and old.stat().st_uid == os.getuid()
-            if mine and pid.isdigit() and not _is_running(int(pid)):
+            if mine and pid.isdigit() and not process_running(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
     try:
         _directory = Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-"))
     except OSError as exc:
         # The worker runs without it: a dead pool process's leases run out instead.
         logger.warning("no directory for the pool processes' claims (%s)", exc)
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def watch() -> None:

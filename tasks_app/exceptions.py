@@ -100,7 +100,7 @@ LEASE_EXPIRED = "lease_expired"
 # The ``error_class`` of a step handed back by a worker that does not have its task's
 # workflow version registered (a rolling deploy): it waits for a worker that does, for
 # ``TASKS_VERSION_WAIT_SECONDS``, then is dead-lettered as ``incompatible_version``.
-AWAITING_VERSION = "awaiting_version"
+AWAITING_VERSION = "awaiting_version"  # models.AWAITING_VERSION_Q restates it
 
 
 def error_class(exc: BaseException) -> str:

@@ -20,6 +20,13 @@ from django.db import DEFAULT_DB_ALIAS, connections
 logger = logging.getLogger(__name__)
 
 
+def idle_seconds() -> float:
+    """How long an idle process keeps a database connection (Django's ``CONN_MAX_AGE``:
+    0 closes it after each request or task, ``None`` keeps it for good)."""
+    age = connections[DEFAULT_DB_ALIAS].settings_dict.get("CONN_MAX_AGE", 0)
+    return float("inf") if age is None else float(age)
+
+
 class IdleCloser:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -35,15 +42,15 @@ class IdleCloser:
     def rest(self) -> None:
         """A task ended: close its connection if no other task starts for a while."""
         wrapper = connections[DEFAULT_DB_ALIAS]
-        age = wrapper.settings_dict.get("CONN_MAX_AGE", 0)
-        if wrapper.connection is None or not age:
+        age = idle_seconds()
+        if wrapper.connection is None or age in (0, float("inf")):
             return
         with self._lock:
-            self._resting = (time.monotonic() + float(age), wrapper)
+            self._resting = (time.monotonic() + age, wrapper)
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 threading.Thread(
-                    target=self._run, args=(float(age),), name="idle-connections", daemon=True
+                    target=self._run, args=(age,), name="idle-connections", daemon=True
                 ).start()
 
     def _run(self, age: float) -> None:

@@ -36,7 +36,6 @@ from .counting import (
     STEP_SECONDS_BUCKETS,
     bucket_label,
 )
-from .exceptions import AWAITING_VERSION
 from .models import Counter as CounterRow
 from .models import Step, StepStatus, Task
 from .retention import PRUNED_COUNTER_PREFIX
@@ -97,7 +96,7 @@ def work_now() -> Iterator[Metric]:
     )
     # Answered from its own small index (step_awaiting_version_idx).
     for queue, workflow, n in (
-        Step.objects.filter(status=StepStatus.PENDING, error_class=AWAITING_VERSION)
+        Step.objects.awaiting_version()
         .values_list("queue", "task__workflow")
         .annotate(n=Count("*"))
         .order_by()

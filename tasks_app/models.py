@@ -156,7 +156,16 @@ class Task(models.Model):
         return self.idempotency_key or f"task-{self.pk}"
 
 
+# A step handed back to wait for a worker that has its workflow version (a rolling deploy:
+# runner._await_version) is pending with this error class (exceptions.AWAITING_VERSION).
+AWAITING_VERSION_Q = Q(status="pending", error_class="awaiting_version")
+
+
 class StepQuerySet(models.QuerySet["Step"]):
+    def awaiting_version(self) -> StepQuerySet:
+        """Steps waiting for a worker that has their task's workflow version."""
+        return self.filter(AWAITING_VERSION_Q)
+
     def due(self, now: Any = None) -> StepQuerySet:
         """Pending steps whose time has come: by the database's clock unless ``now`` is
         given. The batch claim's SQL restates this as ``s.status = 'pending' AND
@@ -240,7 +249,7 @@ class Step(models.Model):
             models.Index(
                 fields=["queue"],
                 name="step_awaiting_version_idx",
-                condition=Q(status="pending", error_class="awaiting_version"),
+                condition=AWAITING_VERSION_Q,
             ),
         ]
 

@@ -81,7 +81,7 @@ def name_taken(name: str, hostname: str, pid: int) -> str | None:
         .exclude(pid=pid, hostname=hostname)
         .first()
     )
-    if row is None or (row.hostname == hostname and not _running(row.pid)):
+    if row is None or (row.hostname == hostname and not process_running(row.pid)):
         return None
     return (
         f"worker node name {name} is taken: process {row.pid} on {row.hostname} reports under "
@@ -90,7 +90,8 @@ def name_taken(name: str, hostname: str, pid: int) -> str | None:
     )
 
 
-def _running(pid: int | None) -> bool:
+def process_running(pid: int | None) -> bool:
+    """Whether process ``pid`` runs on this host (another user's counts)."""
     if not pid:
         return False
     try:

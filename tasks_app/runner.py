@@ -29,6 +29,7 @@ from .exceptions import (
     error_class,
     error_text,
 )
+from .idle_connections import idle_seconds
 from .lock_conflicts import is_lock_conflict
 from .models import Step, Task
 from .transitions import leads_to_approval
@@ -130,7 +131,7 @@ class LeaseKeeper:
                 self._release = idle_since = None
             elif idle_since is None:
                 idle_since = now
-            elif now - idle_since >= _idle_seconds():
+            elif now - idle_since >= idle_seconds():
                 # Nothing to renew for a while: give the connection slot back.
                 connections.close_all()
                 idle_since = None
@@ -219,13 +220,6 @@ class _Streak:
     since: float
     count: int = 0
     retry_at: float = 0.0
-
-
-def _idle_seconds() -> float:
-    """How long an idle process keeps a database connection (Django's ``CONN_MAX_AGE``;
-    ``None`` there means for good)."""
-    age = connections["default"].settings_dict.get("CONN_MAX_AGE", 0)
-    return float("inf") if age is None else float(age)
 
 
 lease_keeper = LeaseKeeper()

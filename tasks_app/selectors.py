@@ -18,7 +18,6 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from . import task_actions as task_actions_rule
-from .exceptions import AWAITING_VERSION
 from .models import (
     Event,
     EventKind,
@@ -282,14 +281,7 @@ def task_detail(task: Task) -> TaskDetail:
         current = held[-1] if held and step.status == StepStatus.RUNNING else None
         rows.append(StepRow(step, leases.get(step.pk, []), current))
     dead = next((step for step in steps if step.status == StepStatus.DEAD), None)
-    waiting = next(
-        (
-            step
-            for step in steps
-            if step.status == StepStatus.PENDING and step.error_class == AWAITING_VERSION
-        ),
-        None,
-    )
+    waiting = task.steps.awaiting_version().order_by("position").first()
     return TaskDetail(
         task=task,
         steps=rows,

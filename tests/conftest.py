@@ -27,6 +27,9 @@ from tasks_app.models import Step, Task
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.remotes import LoopbackRemote, loopback_remotes
 
+# Fixtures of their own modules: a Redis server a test may fill or turn read-only.
+pytest_plugins = ["tests.redis_support"]
+
 BROKER_PREFIX = os.environ.get("TASKS_BROKER_PREFIX", "")
 
 

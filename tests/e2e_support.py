@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,25 @@ def wait_for[T](
             detail = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout:g}s waiting for {detail}")
         time.sleep(min(interval, max(deadline - time.monotonic(), 0)))
+
+
+def spare_port() -> int:
+    """A TCP port nothing listens on now (for a server a test starts, or a primary that
+    does not exist)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def beat_process(env: Mapping[str, str], folder: Path) -> Worker:
+    """``celery beat`` with its schedule and its log in ``folder``; not waited for."""
+    return Worker(
+        ["--loglevel", "INFO", "--schedule", str(folder / "beat-schedule")],
+        env=env,
+        log_path=folder / "beat.log",
+        command="beat",
+        ready=BEAT_READY,
+    )
 
 
 def database_url(settings_dict: Mapping[str, Any]) -> str:

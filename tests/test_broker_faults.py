@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -38,86 +35,17 @@ from tasks_app.models import Heartbeat, Step
 from tests.conftest import BrokerView, backdate, only_step, worker_thread
 
 from .e2e_support import wait_for
+from .redis_support import PrivateRedis
 
 QUEUE = Queue("default", Exchange("default", type="direct"), routing_key="default")
 
 
-# --- a Redis of the test's own ----------------------------------------------------------------
-
-
-class OwnRedis:
-    """A ``redis-server`` this test started, which it may fill or demote at will."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
-
-    @contextlib.contextmanager
-    def out_of_memory(self) -> Iterator[None]:
-        """Full under ``noeviction``: every write that may take memory is refused."""
-        self.client.config_set("maxmemory-policy", "noeviction")
-        self.client.set("filler", b"x" * 4_000_000)
-        self.client.config_set("maxmemory", "1mb")
-        try:
-            yield
-        finally:
-            self.client.delete("filler")
-            self.client.config_set("maxmemory", "0")
-
-    @contextlib.contextmanager
-    def read_only(self) -> Iterator[None]:
-        """A replica of a primary that does not exist: reads served, writes refused."""
-        self.client.replicaof("127.0.0.1", _spare_port())
-        try:
-            yield
-        finally:
-            self.client.replicaof("NO", "ONE")
-
-    def refused_reads(self) -> int:
-        """How many ``BRPOP`` calls Redis has refused so far."""
-        stats = cast(dict[str, Any], self.client.info("commandstats")).get("cmdstat_brpop", {})
-        return int(stats.get("rejected_calls", 0)) + int(stats.get("failed_calls", 0))
-
-    def answers(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis.RedisError:
-            return False
-
-
-def _spare_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = shutil.which("redis-server")
-    assert server, "these tests start a Redis of their own: they need redis-server on PATH"
-    port = _spare_port()
-    options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
-    process = subprocess.Popen(
-        [server, "--port", str(port), *options],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    own = OwnRedis(port)
-    try:
-        wait_for(own.answers, timeout=10, what="the test's redis-server to answer")
-        yield own
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-@pytest.fixture
-def transport(own_redis: OwnRedis) -> Iterator[Connection]:
+def transport(private_redis: PrivateRedis) -> Iterator[Connection]:
     """A kombu connection to the test's Redis through the project's transport, with a
     one-second visibility timeout."""
     connection = Connection(
-        own_redis.url,
+        private_redis.url,
         transport="config.broker:Transport",
         transport_options={"visibility_timeout": 1, "unacked_restore_throttle": 1},
     )
@@ -183,14 +111,14 @@ def lines(caplog: pytest.LogCaptureFixture, text: str) -> int:
 
 
 def test_a_doorbell_read_from_a_full_redis_is_delivered_and_its_refused_ack_dropped(
-    own_redis: OwnRedis, transport: Connection, caplog: pytest.LogCaptureFixture
+    private_redis: PrivateRedis, transport: Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     publish(transport, 1)
     publish(transport, 2)
-    with consumer(transport) as received, own_redis.out_of_memory():
+    with consumer(transport) as received, private_redis.out_of_memory():
         first = next_message(transport, received, "the first doorbell")
         # Redis could not record it as unacknowledged: delivered all the same.
-        assert own_redis.client.hlen("unacked") == 0
+        assert private_redis.client.hlen("unacked") == 0
         first.ack()  # refused by Redis; no error
         next_message(transport, received, "the second doorbell").ack()
     assert lines(caplog, "Redis refuses to record a doorbell as unacknowledged") == 1
@@ -199,44 +127,44 @@ def test_a_doorbell_read_from_a_full_redis_is_delivered_and_its_refused_ack_drop
     publish(transport, 3)
     with consumer(transport) as received:
         third = next_message(transport, received, "the third doorbell")
-        assert own_redis.client.hlen("unacked") == 1  # recorded again
+        assert private_redis.client.hlen("unacked") == 1  # recorded again
         third.ack()
-    assert own_redis.client.hlen("unacked") == 0
+    assert private_redis.client.hlen("unacked") == 0
     assert lines(caplog, "Redis lets this worker acknowledge a doorbell again") == 1
 
 
 def test_an_ack_a_replica_refuses_leaves_the_doorbell_to_come_back_after_the_visibility_timeout(
-    own_redis: OwnRedis, transport: Connection, caplog: pytest.LogCaptureFixture
+    private_redis: PrivateRedis, transport: Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     publish(transport, 1)
     with consumer(transport) as received:
         message = next_message(transport, received, "the doorbell")
-        with own_redis.read_only():
+        with private_redis.read_only():
             message.ack()  # refused by Redis; no error
         assert lines(caplog, "Redis refuses to acknowledge a doorbell") == 1
         qos = cast(Any, transport.default_channel).qos
-    assert own_redis.client.hlen("unacked") == 1  # Redis still holds it
+    assert private_redis.client.hlen("unacked") == 1  # Redis still holds it
 
     def back_in_its_queue() -> bool:
         qos.restore_visible(num=10, interval=1)
-        return bool(own_redis.client.llen("default"))
+        return bool(private_redis.client.llen("default"))
 
     wait_for(back_in_its_queue, timeout=10, what="the doorbell back after the visibility timeout")
 
 
 def test_a_read_refused_by_a_replica_pauses_the_consumer_and_it_reads_again_once_writable(
-    own_redis: OwnRedis, transport: Connection, caplog: pytest.LogCaptureFixture
+    private_redis: PrivateRedis, transport: Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     with consumer(transport) as received:
         drain(transport, 1.5)  # an idle read, answered "nothing" after a second
         assert consuming.cannot_consume() is None
 
-        with own_redis.read_only():
-            before = own_redis.refused_reads()
+        with private_redis.read_only():
+            before = private_redis.refused_reads()
             began = time.monotonic()
             while time.monotonic() - began < 3:
                 drain(transport, 0.2)
-            refused = own_redis.refused_reads() - before
+            refused = private_redis.refused_reads() - before
             reason = consuming.cannot_consume()
         # About one read a second, not a read on every turn of the loop.
         assert 1 <= refused <= 5, f"{refused} reads refused in 3 s"
@@ -382,18 +310,18 @@ def test_the_backstop_leaves_paused_queues_and_busy_nodes_alone(
 
 
 def test_readyz_fails_while_redis_refuses_writes_though_it_answers_ping(
-    client: Client, db: None, settings: Any, own_redis: OwnRedis
+    client: Client, db: None, settings: Any, private_redis: PrivateRedis
 ) -> None:
     services.sweep()
-    settings.REDIS_URL = own_redis.url
+    settings.REDIS_URL = private_redis.url
 
     def checks() -> tuple[int, dict[str, Any]]:
         response = client.get("/readyz")
         return response.status_code, response.json()["checks"]
 
     for fault, refusal in [
-        (own_redis.out_of_memory, "OutOfMemoryError"),
-        (own_redis.read_only, "ReadOnlyError"),
+        (private_redis.out_of_memory, "OutOfMemoryError"),
+        (private_redis.read_only, "ReadOnlyError"),
     ]:
         with fault():
             status, found = checks()

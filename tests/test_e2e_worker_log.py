@@ -21,7 +21,7 @@ from tasks_app.tasks import sweep
 
 from .approval_support import ARTICLE
 from .conftest import BROKER_PREFIX, BrokerView
-from .e2e_support import BEAT_READY, Worker, database_url, wait_for, worker_on_test_database
+from .e2e_support import Worker, beat_process, database_url, wait_for, worker_on_test_database
 from .remotes import LoopbackRemote
 
 pytestmark = [
@@ -193,13 +193,7 @@ def test_sweeps_that_expired_while_no_maintenance_worker_ran_are_one_line(
         "TASKS_VAR_DIR": str(tmp_path / "var"),
         "TASKS_LOG_MESSAGES": "0",
     }
-    beat = Worker(
-        ["--loglevel", "INFO", "--schedule", str(tmp_path / "beat-schedule")],
-        env=env,
-        log_path=tmp_path / "beat.log",
-        command="beat",
-        ready=BEAT_READY,
-    )
+    beat = beat_process(env, tmp_path)
     try:
         beat.wait_ready(timeout=60)
         wait_for(

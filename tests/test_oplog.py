@@ -34,7 +34,7 @@ from tasks_app.services import Claim
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.approval_support import ARTICLE, advance, pending_request
 from tests.conftest import BROKER_PREFIX, BrokerView, backdate, only_step
-from tests.e2e_support import BEAT_READY, Worker, database_url, wait_for
+from tests.e2e_support import beat_process, database_url, wait_for
 from tests.test_settings import load_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -599,13 +599,7 @@ def test_beat_sends_sweeps_without_a_line_per_send(
         "TASKS_VAR_DIR": str(tmp_path / "var"),
         "TASKS_LOG_MESSAGES": messages,
     }
-    beat = Worker(
-        ["--loglevel", "INFO", "--schedule", str(tmp_path / "beat-schedule")],
-        env=env,
-        log_path=tmp_path / "beat.log",
-        command="beat",
-        ready=BEAT_READY,
-    )
+    beat = beat_process(env, tmp_path)
     try:
         beat.wait_ready(timeout=60)
         wait_for(

@@ -59,3 +59,12 @@ def test_a_step_waiting_for_its_version_shows_on_its_page_and_in_the_metrics(
     assert "Waiting for a worker with this workflow version" not in page
     samples = scrape(client)
     assert value(samples, "tasks_steps_awaiting_version", queue="default", workflow=ROLLED) == 0
+
+
+def test_the_waiting_steps_filter_names_the_error_class_the_runner_writes() -> None:
+    from django.db.models import Q
+
+    from tasks_app.exceptions import AWAITING_VERSION
+    from tasks_app.models import AWAITING_VERSION_Q, StepStatus
+
+    assert Q(status=StepStatus.PENDING, error_class=AWAITING_VERSION) == AWAITING_VERSION_Q

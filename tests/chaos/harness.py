@@ -27,7 +27,7 @@ from django.db import connection
 
 from tasks_app import invariants, services
 from tasks_app.models import Effect, Lease, Step, StepStatus, Task, TaskStatus
-from tests.e2e_support import BEAT_READY, PYTHON, ROOT, Worker, database_url, wait_for
+from tests.e2e_support import PYTHON, ROOT, Worker, beat_process, database_url, wait_for
 from tests.remotes import LoopbackRemote
 
 LEASE_SECONDS = 3
@@ -65,13 +65,7 @@ class Cluster:
 
     def start(self, *, workers: int = 1, concurrency: int = 2) -> Cluster:
         maintenance = self._spawn("maintenance", ["--queues", "maintenance", "--concurrency", "1"])
-        beat = Worker(
-            ["--loglevel", "INFO", "--schedule", str(self.folder / "beat-schedule")],
-            env=self.env,
-            log_path=self.folder / "beat.log",
-            command="beat",
-            ready=BEAT_READY,
-        )
+        beat = beat_process(self.env, self.folder)
         self.processes.append(beat)
         self.beat = beat
         started = [self.add_worker(concurrency, wait=False) for _ in range(workers)]

@@ -13,7 +13,6 @@ re-ring is left at its deployed 30 s) and everything drains, once."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any, cast
@@ -26,7 +25,7 @@ from django.test import Client
 from tasks_app import presence
 from tasks_app.models import Task, TaskStatus
 from tasks_app.transitions import db_now
-from tests.e2e_support import Worker, wait_for
+from tests.e2e_support import Worker, spare_port, wait_for
 
 from .harness import (
     Cluster,
@@ -73,7 +72,7 @@ def refusing_writes(own_redis: OwnRedis, fault: str) -> Iterator[None]:
             # The server comes back empty, as a replica: a reconnecting consumer cannot
             # even declare its queues.
             own_redis.restart()
-        client.replicaof("127.0.0.1", _unused_port())
+        client.replicaof("127.0.0.1", spare_port())
         try:
             with pytest.raises(redis.exceptions.ReadOnlyError):
                 client.lpush("chaos:probe", "refused")
@@ -82,12 +81,6 @@ def refusing_writes(own_redis: OwnRedis, fault: str) -> Iterator[None]:
             client.replicaof("NO", "ONE")
     client.lpush("chaos:probe", "accepted")
     client.delete("chaos:probe")
-
-
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _dead_processes(cluster: Cluster) -> list[str]:

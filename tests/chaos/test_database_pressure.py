@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import urllib.error
@@ -29,7 +28,7 @@ from django.db import connection
 from tasks_app import services
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.transitions import db_now
-from tests.e2e_support import PYTHON, ROOT, database_url, wait_for
+from tests.e2e_support import PYTHON, ROOT, database_url, spare_port, wait_for
 
 from .harness import (
     LEASE_SECONDS,
@@ -87,16 +86,10 @@ def test_row_21_a_held_step_row_stalls_neither_the_sweeper_nor_the_queue(
 # --- 22: PostgreSQL hung ---------------------------------------------------------------------
 
 
-def _spare_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def web(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
     """The web process as the Procfile runs it (gunicorn, threaded workers)."""
-    port = _spare_port()
+    port = spare_port()
     log = (tmp_path / "web.log").open("w")
     process = subprocess.Popen(
         [
