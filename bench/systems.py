@@ -234,6 +234,7 @@ class Us(_CeleryBased):
         "tasks_app_event",
         "tasks_app_effect",
         "tasks_app_counter",
+        "tasks_app_payloadsearch",
     )
     extra_args = ["-I", "bench.worker_hooks"]
 

@@ -15,6 +15,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from .models import (
     OPERATOR_EVENT_KINDS,
     Event,
+    PayloadSearch,
     Step,
     StepStatus,
     Task,
@@ -68,7 +69,7 @@ class TaskFilter:
 
 def tasks(filters: TaskFilter) -> QuerySet[Task]:
     """Tasks matching ``filters``; the payload field by JSON containment, which the GIN
-    index on ``payload`` serves on PostgreSQL."""
+    index of ``PayloadSearch`` serves on PostgreSQL."""
     queryset = _matching(
         Task.objects.all(),
         status=filters.status,
@@ -104,7 +105,8 @@ def _payload_matches(path: str, value: Any) -> Q:
         nested: Any = value
         for part in reversed(parts):
             nested = {part: nested}
-        return Q(payload__contains=nested)
+        # PayloadSearch holds the payloads with the GIN index (kept off the task row).
+        return Q(pk__in=PayloadSearch.objects.filter(payload__contains=nested).values("task_id"))
     # SQLite has no JSON containment: the same path compared by key.
     return Q(**{"payload__" + "__".join(parts): value})
 

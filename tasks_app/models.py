@@ -130,8 +130,7 @@ class Task(models.Model):
                 name="task_created_by_user_idx",
                 condition=Q(created_by_user__isnull=False),
             ),
-            # On PostgreSQL a GIN index (jsonb_path_ops) on ``payload`` serves the task
-            # list's payload filter by containment; migration 0005 makes it there only.
+            # The task list's payload filter is served from PayloadSearch, not from here.
         ]
         constraints = [
             models.UniqueConstraint(
@@ -412,6 +411,32 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AppendOnlyError("events are append-only: DELETE belongs to retention")
+
+
+class PayloadSearch(models.Model):
+    """Each task's payload as the task list's payload filter searches it, on PostgreSQL.
+
+    The filter is a JSON containment served by a GIN index. On the task row that index took
+    a new entry at every transition (a status change is never a heap-only update); here
+    the row is written once, when the task is created, and again only when a redrive
+    changes the payload. PostgreSQL keeps it in step with the task by triggers (migration
+    0014), whatever writes the task; the task row keeps the payload the handlers read.
+    On SQLite the table stays empty: the filter reads the task's payload there.
+    """
+
+    # No constraint: checking one would lock the new task row at every enqueue. The delete
+    # trigger removes the row with its task, however the task is deleted.
+    task = models.OneToOneField(
+        Task,
+        primary_key=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    payload = models.JSONField()
+
+    def __str__(self) -> str:
+        return f"payload of task {self.task_id}"
 
 
 class Effect(models.Model):

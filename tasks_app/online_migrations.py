@@ -289,6 +289,36 @@ class PostgresIndexOnline(Operation):
         return self.name.lower()
 
 
+class RemovePostgresIndexOnline(PostgresIndexOnline):
+    """Drop, concurrently, an index :class:`PostgresIndexOnline` made (the same arguments, so
+    going backwards builds it again)."""
+
+    def database_forwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: ProjectState,
+        to_state: ProjectState,
+    ) -> None:
+        super().database_backwards(app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: ProjectState,
+        to_state: ProjectState,
+    ) -> None:
+        super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+    def describe(self) -> str:
+        return f"Drop index {self.name} on {self.table} (PostgreSQL), concurrently"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"remove_{self.name.lower()}"
+
+
 # --- constraints ----------------------------------------------------------------------------
 
 
