@@ -210,8 +210,14 @@ SELECT 'next', id, queue, {_NO_TASK} FROM nxt
 """  # noqa: S608 (the column names are constants, not input)
 
 
-# ORM twin: enqueueing._insert_with_orm. Step keys are models.step_key's.
-# Each step's key is models.step_key's (revision 0), restated in SQL.
+_TASK_INSERT_COLUMNS = """id, workflow, workflow_version, payload, payload_hash, idempotency_key,
+    queue, priority, status, created_by, created_by_user_id, created_at, updated_at, finished_at,
+    cancel_requested_at"""
+_TASK_INSERT_VALUES = """id, workflow, version, payload, hash, key, queue, priority, 'pending',
+    %(author)s, %(user)s, statement_timestamp(), statement_timestamp(), NULL, NULL"""
+
+# ORM twin: enqueueing._insert_with_orm. Each step's key is models.step_key's (revision 0),
+# restated in SQL.
 # One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
 # enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.
 # Ids are drawn first so every row maps back to its item, and rows go in key order so two
@@ -226,15 +232,21 @@ WITH input AS (
 ), spec AS (
     SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb)
         AS s(ord int, position int, kind text, max_attempts int)
-), tasks AS (
-    INSERT INTO tasks_app_task (id, workflow, workflow_version, payload, payload_hash, idempotency_key,
-                                queue, priority, status, created_by, created_by_user_id,
-                                created_at, updated_at, finished_at, cancel_requested_at)
-    SELECT id, workflow, version, payload, hash, key, queue, priority, 'pending', %(author)s, %(user)s,
-           statement_timestamp(), statement_timestamp(), NULL, NULL
-    FROM input ORDER BY key, ord
+), keyed AS (
+    INSERT INTO tasks_app_task ({_TASK_INSERT_COLUMNS})
+    SELECT {_TASK_INSERT_VALUES}
+    FROM input WHERE key IS NOT NULL ORDER BY key, ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, created_at
+), keyless AS (
+    -- No key, no conflict to look for: a plain insert, without the speculative insertion
+    -- (and its extra WAL record) that ON CONFLICT costs every row.
+    INSERT INTO tasks_app_task ({_TASK_INSERT_COLUMNS})
+    SELECT {_TASK_INSERT_VALUES}
+    FROM input WHERE key IS NULL ORDER BY ord
+    RETURNING id, created_at
+), tasks AS (
+    SELECT id, created_at FROM keyed UNION ALL SELECT id, created_at FROM keyless
 ), steps AS (
     INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, priority, attempts,
                                 max_attempts, available_at, idempotency_key, fencing_token,
