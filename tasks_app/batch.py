@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 # The step duration histogram's bounds and their counter labels (counting.bucket_of).
 STEP_SECONDS_PARAMS = {
-    "bounds": [float(bound) for bound in STEP_SECONDS_BUCKETS],
+    "negated_bounds": sorted(-float(bound) for bound in STEP_SECONDS_BUCKETS),
     "labels": [bucket_label(bound) for bound in STEP_SECONDS_BUCKETS],
 }
 

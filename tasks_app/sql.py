@@ -188,13 +188,16 @@ WITH input AS (
     ) AS e
     ORDER BY task_id, ord
 ), timed AS (
-    -- counting.step_seconds: each run's bucket (the smallest bound it fits), and the sum.
+    -- counting.bucket_of: each run's bucket (the smallest bound it fits), and the sum.
     SELECT extract(epoch FROM statement_timestamp() - started_at)::float8 AS seconds FROM done
 ), counted AS ({
     _count_into(f"""
+    -- The number of bounds at or above the run time, counted by width_bucket over the
+    -- bounds negated (ascending): the run's bucket is the smallest of them, or none.
     SELECT '{STEP_SECONDS}:le=' || COALESCE(
-               (SELECT b.label FROM unnest(%(bounds)s::float8[], %(labels)s::text[]) AS b(bound, label)
-                WHERE b.bound >= timed.seconds ORDER BY b.bound LIMIT 1), 'inf'
+               (%(labels)s::text[])[cardinality(%(labels)s::text[]) + 1
+                                   - width_bucket(-timed.seconds, %(negated_bounds)s::float8[])],
+               'inf'
            ) AS name, count(*) AS n
     FROM timed GROUP BY 1
     UNION ALL
