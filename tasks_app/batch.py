@@ -35,12 +35,12 @@ from .lock_conflicts import retry_lock_conflicts
 from .models import Event, EventKind, Step, Task, TaskStatus
 from .signals import announce_on_commit
 from .sql import (
-    CLAIM_SQL,
     COMPLETE_SQL,
     INSERT_SQL,
     LOCK_TASKS_SQL,
     STEP_COLUMNS,
     TASK_COLUMNS,
+    claim_sql,
 )
 from .transitions import paused_filter, uses_sql
 
@@ -92,11 +92,10 @@ def claim_batch(
     atomic = transaction.atomic() if connection.in_atomic_block else nullcontext()
     with atomic, _cursor() as cursor:
         cursor.execute(
-            CLAIM_SQL,
+            claim_sql(limit),
             {
                 "queue": queue,
                 "step": step_id,
-                "limit": limit,
                 "lease": lease,
                 "worker": worker_id,
                 "actor": f"worker:{worker_id}",

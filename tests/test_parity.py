@@ -11,7 +11,7 @@ What each side exercises:
   ORM completion). Scenarios whose handler fails, or whose success reaches an approval
   step, use ``runner.run_claimed``: the ORM claim, then the runner, which records the
   failure with ``services.fail_step`` and that success with ``services.complete_step``.
-- batch: ``batch.claim_batch`` (``CLAIM_SQL``) and ``batch.complete_many``
+- batch: ``batch.claim_batch`` (``claim_sql``) and ``batch.complete_many``
   (``COMPLETE_SQL``). Scenarios whose handler fails, or whose success reaches an approval
   step, use ``runner.run_batch`` on the batch's claims: failures are still recorded by
   ``services.fail_step``, and a success that opens an approval request by
