@@ -47,6 +47,8 @@ INDEX_MIGRATIONS = [
     "0007_heap_only_lease_updates",
     "0008_cancelled_finished_index",
     "0010_metrics_indexes_and_longer_counter_names",
+    # Also copies every task's payload, in batches, and moves the payload's GIN index.
+    "0014_payload_search",
 ]
 # Work must keep flowing: no completion waits longer than this for the one before it
 # (the migration's DDL waits at most TASKS_MIGRATION_LOCK_TIMEOUT_MS, 2 s, for a lock).
