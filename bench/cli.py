@@ -7,7 +7,7 @@ dropped at the end) and uses Redis keys under a prefix of its own (deleted at th
 runs every cell for every system in a shuffled order per run, then the console cells
 (``bench/pages.py``: two pages timed over two data sets, ``bench/dataset.py``, each in a
 database of its own, ``bench_console_<tasks>``, built in the first run, dropped at the
-end), and writes
+end), after the last run the scale cells once (``bench/scale_cells.py``), and writes
 ``bench/results/<timestamp>[-quick].{json,md}`` (and, in full mode, the table into
 ``docs/performance.md``). Every process it starts is stopped, also on error; every wait
 has a deadline, and the whole run has a time budget after which cells are skipped.
@@ -40,18 +40,27 @@ from typing import Any
 import psycopg
 import redis
 
-from . import report
+from . import report, scale_cells
 from .cells import MODES, Bench, Mode
-from .common import BENCH_DIR, ROOT
+from .common import BENCH_DIR, ROOT, scalar
 from .console_cells import CONSOLE_PAGES, Console
 from .databases import Server, discover, prepare_database, with_database
 from .environment import code_fingerprint, environment, git_state
+from .peers import Dbos, Dtdb, Pgq, Pgq100
 from .procs import stop_all
-from .server_stats import ServerStats
-from .systems import ORDER, SYSTEMS, Ctx, System
+from .server_stats import ServerStats, table_persistence
+from .systems import Ctx, PlainCelery, Proc, Proc10, Raw, System, Us, UsProcfile
 
 BENCH_DB = "task_console_bench"
-ALL_CELLS = ("enqueue", "drain", "latency", "console")
+# Every system by key, and those a run takes unless --systems names others: PROC c1 (the
+# weaker of procrastinate's two concurrencies in every drain) and RAW (no target is
+# measured against it) only run when named.
+SYSTEMS: dict[str, type[System]] = {
+    cls.key: cls
+    for cls in (Us, UsProcfile, PlainCelery, Proc10, Proc, Pgq, Pgq100, Dbos, Dtdb, Raw)
+}
+ORDER = ["us", "procfile", "celery", "proc10", "pgq", "pgq100", "dbos", "dtdb"]
+ALL_CELLS = ("enqueue", "drain", "latency", "console", "scale")
 RESULTS_DIR = BENCH_DIR / "results"
 DOCS = ROOT / "docs" / "performance.md"
 
@@ -86,7 +95,8 @@ def parse_args(argv: list[str] | None) -> Options:
     parser.add_argument(
         "--cells",
         default=",".join(ALL_CELLS),
-        help="comma-separated subset of the cells (console: only with the system us)",
+        help="comma-separated subset of the cells (console: only with the system us; "
+        "scale: once per harness run, for us and pgq unless --systems names others)",
     )
     parser.add_argument("--senders", type=int, help="override the open loop's sender threads")
     parser.add_argument(
@@ -134,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     # A last resort past the budget and the longest cell: unwind and clean up.
     signal.signal(signal.SIGALRM, _on_sigterm)
-    signal.alarm(int(mode.budget) + 900)
+    scale_keys = scale_cells.select(options.systems, ORDER) if "scale" in options.cells else []
+    signal.alarm(int(mode.budget) + 900 + scale_cells.alarm_allowance(mode.name, len(scale_keys)))
     database_url, redis_url = discover()
     bench_url = with_database(database_url, BENCH_DB)
     admin_url = with_database(database_url, "postgres")
@@ -182,11 +193,20 @@ def main(argv: list[str] | None = None) -> int:
         server.drop_others()
         server.create()
         walinspect = prepare_database(ctx)
+        unavailable = install_systems(ctx, options.systems)
+        durability = system_durability(
+            ctx, [key for key in options.systems if key not in unavailable]
+        )
         stats = ServerStats(server.conn, BENCH_DB, walinspect=walinspect)
         env_info = environment(stats, rds)
         bench = Bench(ctx, stats, mode)
         console = Console(ctx, server, mode)
-        results, orders = run_cells(bench, console, options.systems, options.seed, options.cells)
+        results, orders = run_cells(
+            bench, console, options.systems, options.seed, options.cells, unavailable
+        )
+        # Once per harness run, after the last run's cells (each takes minutes at full size).
+        scale_systems = [SYSTEMS[key](ctx) for key in scale_keys]
+        results += scale_cells.run(bench, scale_systems, mode.runs, unavailable)
     finally:
         clean_up(server, ctx)
 
@@ -209,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             "code_at_end": code_fingerprint(),
             "environment": env_info,
             "console_data": console.data,
+            "unavailable": unavailable,
+            "durability": durability,
         },
         "cells": results,
         "summary": summary,
@@ -218,6 +240,42 @@ def main(argv: list[str] | None = None) -> int:
     write_results(result, started_at, options)
     print(f"bench: took {time.monotonic() - began:.0f} s")
     return 0
+
+
+def install_systems(ctx: Ctx, keys: list[str]) -> dict[str, str]:
+    """Each system's schema, once per schema; returns the systems that could not be
+    installed (their package missing or broken) with the reason: their cells are
+    skipped, the run goes on."""
+    unavailable: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    done: set[str] = set()
+    for key in keys:
+        system = SYSTEMS[key](ctx)
+        schema = system.install_key or key
+        if schema not in done and schema not in failed:
+            try:
+                system.install()
+                done.add(schema)
+            except Exception as exc:
+                failed[schema] = " ".join(f"{exc}".split())[-400:] or type(exc).__name__
+        if schema in failed:
+            unavailable[key] = f"not installed: {failed[schema]}"
+            print(f"bench: {system.label} skipped: {unavailable[key]}", flush=True)
+    return unavailable
+
+
+def system_durability(ctx: Ctx, keys: list[str]) -> dict[str, Any]:
+    """How durably each system's tables are written as it runs: logged or unlogged, and
+    the bench database's synchronous_commit (none of the systems changes it for its own
+    sessions)."""
+    with ctx.connect() as conn:
+        setting = str(scalar(conn, "SHOW synchronous_commit"))
+        out: dict[str, Any] = {"synchronous_commit": setting, "systems": {}}
+        for key in keys:
+            tables = SYSTEMS[key].tables
+            if tables:
+                out["systems"][key] = table_persistence(conn, list(tables))
+    return out
 
 
 def subprocess_env(bench_url: str, redis_url: str, prefix: str, work_dir: Path) -> dict[str, str]:
@@ -286,11 +344,17 @@ def write_results(result: dict[str, Any], started_at: datetime, options: Options
 
 
 def run_cells(
-    bench: Bench, console: Console, systems: list[str], seed: int, wanted: set[str]
+    bench: Bench,
+    console: Console,
+    systems: list[str],
+    seed: int,
+    wanted: set[str],
+    unavailable: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[list[str]]]:
     """Every run: the systems in an order of its own, each system's cells in turn, then
     the console cells (after the system cells, so the large data set's build lands in
-    none of them)."""
+    none of them). A system that could not be installed has its cells skipped."""
+    unavailable = unavailable or {}
     mode = bench.mode
     rng = random.Random(seed)
     cells: list[dict[str, Any]] = []
@@ -309,15 +373,20 @@ def run_cells(
                 cell: dict[str, Any] = {"run": run, "system": key, "cell": cell_name}
                 if workers is not None:
                     cell["workers"] = workers
-                label = f"run {run}/{mode.runs} {system.label:<6} {cell_name}" + (
+                label = f"run {run}/{mode.runs} {system.label:<8} {cell_name}" + (
                     f" c{workers}" if workers else ""
                 )
+                if key in unavailable:
+                    cell["skipped"] = unavailable[key]
+                    print(f"{label}: skipped ({unavailable[key][:120]})", flush=True)
+                    cells.append(cell)
+                    continue
                 measure = partial(_system_cell, bench, system, cell_name, workers)
                 cells.append(_measured(bench, cell, label, measure, partial(_recover, system)))
         if "console" in wanted and "us" in systems:
             for page in CONSOLE_PAGES:
                 cell = {"run": run, "system": "us", "cell": "console", "page": page}
-                label = f"run {run}/{mode.runs} US     console {page}"
+                label = f"run {run}/{mode.runs} US       console {page}"
                 cells.append(_measured(bench, cell, label, partial(console.page, page)))
     return cells, orders
 
@@ -374,7 +443,9 @@ def _brief(cell: dict[str, Any]) -> str:
             f"{cell['large_ms']:.1f} ms, ratio {cell['ratio']:.2f}"
         )
     if cell["cell"] == "enqueue":
-        return f"single {cell['single']['rate']:,.0f}/s, bulk {cell['bulk']['rate']:,.0f}/s"
+        bulk = cell["bulk"]
+        text = f"{bulk['rate']:,.0f}/s" if "rate" in bulk else "none (no batch API)"
+        return f"single {cell['single']['rate']:,.0f}/s, bulk {text}"
     if cell["cell"] == "drain":
         text = f"{cell['throughput']:,.0f}/s"
         if cell.get("commits_per_step") is not None:
@@ -383,6 +454,8 @@ def _brief(cell: dict[str, Any]) -> str:
             text += f", {cell['wal_bytes_per_step']:,.0f} WAL B/step"
         if cell.get("rss_mib") is not None:
             text += f", RSS {cell['rss_mib']:.1f} MiB"
+        if str(cell.get("exactly_once", "")).startswith("not"):
+            text += ", exactly-once not checked"
         if cell.get("capped"):
             text += f" (capped: {cell['done']}/{cell['total']})"
         return text

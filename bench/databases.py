@@ -14,7 +14,6 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from .common import ROOT, scalar
-from .raw import SCHEMA as RAW_SCHEMA
 from .systems import Ctx
 
 LOCK_KEY = 7_311_003  # pg advisory lock: one bench run per server at a time
@@ -97,14 +96,11 @@ def migrate(python: str, env: dict[str, str], dsn: str) -> float:
 
 
 def prepare_database(ctx: Ctx) -> bool:
-    """The bench database's schemas: the project's migrations, procrastinate's and the raw
-    loop's; then pg_walinspect, where it can be installed. Returns whether it was."""
+    """The bench database's own schema: the project's migrations (the other systems
+    install theirs, ``System.install``); then pg_walinspect, where it can be installed.
+    Returns whether it was."""
     migrate(ctx.python, ctx.env, ctx.dsn)
-    from .proc_app import apply_schema
-
-    apply_schema(ctx.dsn)
     with ctx.connect() as conn:
-        conn.execute(RAW_SCHEMA)
         try:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         except psycopg.Error:

@@ -23,6 +23,11 @@ PACKAGES = {
     "celery": "celery",
     "kombu": "kombu",
     "procrastinate": "procrastinate",
+    "pgqueuer": "pgqueuer",
+    "asyncpg": "asyncpg",
+    "typer": "typer",
+    "dbos": "dbos",
+    "django-tasks-db": "django-tasks-db",
     "psycopg": "psycopg",
     "redis": "redis-py",
 }

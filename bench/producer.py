@@ -5,8 +5,11 @@ Django. ``python -m bench.producer SYSTEM MODE ... --out FILE`` writes its resul
 Modes:
 - ``single``: ``--n`` tasks, one call each; times the calls after a small warm-up.
 - ``bulk``: ``--n`` tasks in batches of ``--batch``, each batch one call (the system's bulk
-  API: ``enqueue_many``, ``batch_defer``, one multi-row INSERT; plain Celery has none, so
-  a batch is a loop of ``apply_async`` over one producer connection).
+  API: ``enqueue_many``, ``batch_defer``, ``Queries.enqueue`` with lists, one multi-row
+  INSERT; plain Celery has none, so a batch is a loop of ``apply_async`` over one producer
+  connection). DBOS and django-tasks-db have none either: for them this mode only
+  pre-fills a drain, a loop of single enqueues in one transaction per batch, and the
+  enqueue cell reports no bulk figure.
 - ``openloop``: task ``i`` is due at ``t0 + i / rate``; a pool of sender threads sends
   each one when it is due (or at once when late), recording the scheduled and the actual
   send time and the task's id. Latency is measured from the scheduled time.
@@ -19,6 +22,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -166,6 +170,141 @@ class RawClient:
             conn.close()
 
 
+class PgqClient:
+    """PgQueuer's ``Queries.enqueue`` on asyncpg, driven from synchronous code: each thread
+    has its own event loop and connection (the open loop's senders are threads)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.opened: list[Any] = []
+        self.lock = threading.Lock()
+
+    def _queries(self) -> tuple[Any, Any]:
+        state = getattr(self.local, "state", None)
+        if state is None:
+            import asyncio
+
+            import asyncpg
+            from pgqueuer.db import AsyncpgDriver
+            from pgqueuer.queries import Queries
+
+            loop = asyncio.new_event_loop()
+            connection = loop.run_until_complete(asyncpg.connect(os.environ[ENV_DSN]))
+            state = (loop, Queries(AsyncpgDriver(connection)), connection)
+            self.local.state = state
+            with self.lock:
+                self.opened.append(state)
+        return state[0], state[1]
+
+    def send_one(self, seq: int) -> int:
+        from .pgq_app import ENTRYPOINT
+
+        loop, queries = self._queries()
+        ids = loop.run_until_complete(queries.enqueue(ENTRYPOINT, None))
+        return int(ids[0])
+
+    def send_batch(self, n: int) -> list[int]:
+        from .pgq_app import ENTRYPOINT
+
+        loop, queries = self._queries()
+        ids = loop.run_until_complete(queries.enqueue([ENTRYPOINT] * n, [None] * n, [0] * n))
+        return [int(job_id) for job_id in ids]
+
+    def end_thread(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for loop, _, connection in self.opened:
+            loop.run_until_complete(connection.close())
+            loop.close()
+
+
+class DbosClient:
+    """``DBOSClient.enqueue``: how code outside a DBOS application (a web process)
+    enqueues a workflow. Each single call names its workflow by a number (the producer's
+    start in microseconds plus the sequence number) so the latency cell can find it."""
+
+    def __init__(self) -> None:
+        from dbos import DBOSClient
+
+        from .dbos_app import SCHEMA, system_database_url
+
+        self.url = system_database_url(os.environ[ENV_DSN])
+        self.client = DBOSClient(system_database_url=self.url, dbos_system_schema=SCHEMA)
+        self.base = time.time_ns() // 1000  # distinct from any earlier producer's ids
+        self.engine: Any = None
+
+    def _options(self, workflow_id: str | None = None) -> Any:
+        from .dbos_app import QUEUE, WORKFLOW
+
+        options: dict[str, Any] = {"workflow_name": WORKFLOW, "queue_name": QUEUE}
+        if workflow_id is not None:
+            options["workflow_id"] = workflow_id
+        return options
+
+    def send_one(self, seq: int) -> int:
+        ident = self.base + seq
+        self.client.enqueue(self._options(str(ident)))
+        return ident
+
+    def send_batch(self, n: int) -> list[int]:
+        # No batch API: the pre-fill enqueues one by one in one transaction per batch.
+        import sqlalchemy
+
+        if self.engine is None:
+            self.engine = sqlalchemy.create_engine(self.url)
+        with self.engine.begin() as conn:
+            for _ in range(n):
+                self.client.enqueue_in_transaction(conn, self._options())
+        return []
+
+    def end_thread(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.client.destroy()
+        if self.engine is not None:
+            self.engine.dispose()
+
+
+class DtdbClient:
+    """Django's tasks framework with the django-tasks-db backend: ``Task.enqueue``, in a
+    Django project of its own (``bench.dtdb_settings``); a task's UUID is returned as a
+    number."""
+
+    def __init__(self) -> None:
+        os.environ["DJANGO_SETTINGS_MODULE"] = "bench.dtdb_settings"
+        import django
+
+        django.setup()
+        from .dtdb_app import noop
+
+        self.task = noop
+
+    def send_one(self, seq: int) -> int:
+        result = self.task.enqueue()
+        return uuid.UUID(str(result.id)).int
+
+    def send_batch(self, n: int) -> list[int]:
+        # No batch API: the pre-fill enqueues one by one in one transaction per batch.
+        from django.db import transaction
+
+        with transaction.atomic():
+            for _ in range(n):
+                self.task.enqueue()
+        return []
+
+    def end_thread(self) -> None:
+        from django.db import connection
+
+        connection.close()
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+
+
 CLIENTS: dict[str, Callable[[], Client]] = {
     "us": UsClient,
     "procfile": UsClient,
@@ -173,6 +312,10 @@ CLIENTS: dict[str, Callable[[], Client]] = {
     "proc": ProcClient,
     "proc10": ProcClient,
     "raw": RawClient,
+    "pgq": PgqClient,
+    "pgq100": PgqClient,
+    "dbos": DbosClient,
+    "dtdb": DtdbClient,
 }
 
 WARMUP = 20  # unmeasured calls first: connections opened, caches warm

@@ -9,19 +9,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Every system's column, in the table's order; a run shows the columns of the systems it
+# ran (PROC c1 and RAW only when --systems names them).
 SYSTEM_LABELS = {
     "us": "US",
     "procfile": "US/PF",
     "celery": "CELERY",
     "proc": "PROC c1",
     "proc10": "PROC c10",
+    "pgq": "PGQ b10",
+    "pgq100": "PGQ b100",
+    "dbos": "DBOS",
+    "dtdb": "DTDB",
     "raw": "RAW",
 }
-# procrastinate at its best: per metric, the better of its two concurrencies (add_best).
+# A peer run in several configurations is compared at its best: per metric, the better of
+# its variants that ran (add_best), under a key of its own.
 BEST_PROC = "proc_best"
-PROC_VARIANTS = ("proc", "proc10")
-# The systems US is compared with, and the ratio columns' headings.
-COMPARED = {"celery": "US/CELERY", BEST_PROC: "US/PROC (better)", "raw": "US/RAW"}
+BEST_PGQ = "pgq_best"
+FAMILIES = {BEST_PROC: ("proc", "proc10"), BEST_PGQ: ("pgq", "pgq100")}
+# Variants that differ from another system only in their workers: no enqueue cell.
+SHARED_PRODUCER = {"procfile": "us", "proc": "proc10", "pgq100": "pgq"}
+# The systems US is compared with in ratio columns, and their headings.
+COMPARED = {
+    "celery": "US/CELERY",
+    BEST_PROC: "US/PROC (better)",
+    BEST_PGQ: "US/PGQ (better)",
+    "raw": "US/RAW",
+}
 
 TIMES = "\u00d7"  # the multiplication sign of "2x"
 DASH = "\u2013"  # the en dash of "min-max" and of an empty cell
@@ -33,6 +48,11 @@ CONSOLE_PAGES = {
     "metrics": "Metrics (`GET /metrics`)",
 }
 CONSOLE_BOUND = 1.5  # the large set's time over the small set's, per page
+
+# The scale cells (bench/scale_cells.py), once per harness run: their own tables.
+BURNDOWN = "burndown"
+HELD_SNAPSHOT = "held_snapshot"
+SCALE_CELLS = (BURNDOWN, HELD_SNAPSHOT)
 
 START_MARK = "<!-- bench:start -->"
 END_MARK = "<!-- bench:end -->"
@@ -220,16 +240,22 @@ def summarize(values: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, 
 
 
 def add_best(summary: dict[str, dict[str, dict[str, Any]]], mode: dict[str, Any]) -> None:
-    """Add ``BEST_PROC`` to every metric PROC measured: the better of its variants'
-    medians (higher or lower, as the metric says), naming which (``of``)."""
+    """Add each family's best (``FAMILIES``) to every metric one of its variants measured:
+    the better of the variants' medians (higher or lower, as the metric says), naming
+    which (``of``)."""
     for metric in metrics(mode):
         by_system = summary.get(metric.key, {})
-        measured = [(key, by_system[key]) for key in PROC_VARIANTS if key in by_system]
-        if not measured:
-            continue
         pick = max if metric.higher_is_better else min
-        key, best = pick(measured, key=lambda item: item[1]["median"])
-        by_system[BEST_PROC] = {**best, "of": key}
+        for best_key, variants in FAMILIES.items():
+            measured = [(key, by_system[key]) for key in variants if key in by_system]
+            if measured:
+                key, best = pick(measured, key=lambda item: item[1]["median"])
+                by_system[best_key] = {**best, "of": key}
+
+
+def _ran(compared: str, systems: Iterable[str]) -> bool:
+    """Whether a column's system (or one of a family's variants) was in the run."""
+    return bool(set(FAMILIES.get(compared, (compared,))) & set(systems))
 
 
 @dataclass(frozen=True)
@@ -245,8 +271,10 @@ class Target:
 
 TARGETS = [
     Target(f"drain, 2 workers: US ≥ 10{TIMES} CELERY", "drain_c2", "celery", 10.0, True),
-    Target(f"drain, 2 workers: US ≥ 12{TIMES} PROC", "drain_c2", BEST_PROC, 12.0, True),
-    Target(f"drain, 2 workers: US ≥ 1{TIMES} RAW", "drain_c2", "raw", 1.0, True),
+    Target(f"drain, 2 workers: US ≥ 10{TIMES} PROC (better)", "drain_c2", BEST_PROC, 10.0, True),
+    Target(f"drain, 2 workers: US ≥ 1.2{TIMES} PGQ (better)", "drain_c2", BEST_PGQ, 1.2, True),
+    Target(f"drain, 2 workers: US ≥ 10{TIMES} DBOS", "drain_c2", "dbos", 10.0, True),
+    Target(f"drain, 2 workers: US ≥ 10{TIMES} DTDB", "drain_c2", "dtdb", 10.0, True),
     *[
         Target(
             f"drain, {n} worker{'s' * (n > 1)}: the Procfile's worker (US/PF) ≥ 0.9{TIMES} US",
@@ -258,8 +286,8 @@ TARGETS = [
         )
         for n in (1, 2, 4)
     ],
-    Target(f"single enqueue: US ≥ 1.5{TIMES} PROC defer", "enqueue_single", BEST_PROC, 1.5, True),
-    Target(f"bulk enqueue: US ≥ 1.5{TIMES} PROC batch_defer", "enqueue_bulk", BEST_PROC, 1.5, True),
+    Target(f"single enqueue: US ≥ 1{TIMES} PGQ", "enqueue_single", BEST_PGQ, 1.0, True),
+    Target(f"bulk enqueue: US ≥ 1{TIMES} PGQ", "enqueue_bulk", BEST_PGQ, 1.0, True),
     *[
         Target(
             f"p99 enqueue→start at {rate}/s: US ≤ 2{TIMES} CELERY",
@@ -271,7 +299,9 @@ TARGETS = [
         for rate in (200, 500)
     ],
     Target("commits per executed step: US ≤ 2", "commits_per_step", None, 2.0, False),
-    Target(f"WAL per executed step: US ≤ 1.5{TIMES} PROC", "wal_per_step", BEST_PROC, 1.5, False),
+    Target(
+        f"WAL per executed step: US ≤ 1.3{TIMES} PGQ (better)", "wal_per_step", BEST_PGQ, 1.3, False
+    ),
     Target(f"worker memory (RSS): US ≤ 1.2{TIMES} CELERY child", "rss_mib", "celery", 1.2, False),
     *[
         Target(
@@ -344,8 +374,11 @@ def markdown(result: dict[str, Any]) -> str:
     mode = meta["mode"]
     summary = result["summary"]
     runs = mode["runs"]
-    # A run of the console cells alone (or of none of them) leaves out the other's rows.
-    kinds = {cell["cell"] == "console" for cell in result["cells"]} or {True, False}
+    # A run of the console cells alone (or of none of them) leaves out the other's rows;
+    # a run of the scale cells alone leaves out both, and the targets.
+    kinds = {
+        cell["cell"] == "console" for cell in result["cells"] if cell["cell"] not in SCALE_CELLS
+    } or (set() if result["cells"] else {True, False})
     lines = [
         f"**{mode['name']} run** of {meta['started']} ({meta['duration_s']:.0f} s, "
         f"{runs} run{'s' if runs > 1 else ''}"
@@ -353,25 +386,36 @@ def markdown(result: dict[str, Any]) -> str:
         + "; ratios are US ÷ other: above 1 is faster for throughput, below 1 is better "
         "for latency, commits, WAL and memory)",
     ]
+    ran = meta.get("systems") or list(SYSTEM_LABELS)
+    columns = [system for system in SYSTEM_LABELS if system in ran]
+    compared = [other for other in COMPARED if _ran(other, ran)]
     if False in kinds:
         lines += [
             "",
-            "| metric | " + " | ".join([*SYSTEM_LABELS.values(), *COMPARED.values()]) + " |",
-            "|---|" + "--:|" * (len(SYSTEM_LABELS) + len(COMPARED)),
+            "| metric | "
+            + " | ".join([*(SYSTEM_LABELS[s] for s in columns), *(COMPARED[c] for c in compared)])
+            + " |",
+            "|---|" + "--:|" * (len(columns) + len(compared)),
         ]
     for metric in metrics(mode) if False in kinds else []:
         by_system = summary.get(metric.key, {})
+        if not any(system in by_system for system in columns):
+            continue  # a cell the run left out (--cells), or one no system measured
         unit = f" ({metric.unit})" if metric.unit else ""
         row = [f"{metric.title}{unit}"]
-        row += [_cell(by_system.get(system), metric) for system in SYSTEM_LABELS]
+        row += [_cell(by_system.get(system), metric) for system in columns]
         row += [
             DASH if other in metric.no_ratio else _ratio(by_system.get("us"), by_system.get(other))
-            for other in COMPARED
+            for other in compared
         ]
         lines.append("| " + " | ".join(row) + " |")
+    if False in kinds:
+        lines += footnotes(result, columns)
 
     lines += console_table(result)
-    lines += ["", "| target (same run) | measured | |", "|---|--:|:-:|"]
+    lines += scale_tables(result)
+    if kinds:
+        lines += ["", "| target (same run) | measured | |", "|---|--:|:-:|"]
     for target in result["targets"]:
         if target["metric"].startswith("console_") not in kinds:
             continue
@@ -401,7 +445,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"- the code changed during the run ({meta.get('code_at_start')} at the start, "
             f"{meta.get('code_at_end')} at the end): later cells measured other code"
         )
+    not_installed: set[str] = set()
     for cell in problems:
+        if str(cell.get("skipped", "")).startswith("not installed"):
+            # Every cell of a system that could not be installed: one line for them all.
+            if cell["system"] not in not_installed:
+                not_installed.add(cell["system"])
+                lines.append(
+                    f"- {SYSTEM_LABELS[cell['system']]}: every cell skipped, {cell['skipped']}"
+                )
+            continue
         where = f"run {cell['run']} {SYSTEM_LABELS[cell['system']]} {cell['cell']}"
         if cell.get("workers"):
             where += f" c{cell['workers']}"
@@ -461,6 +514,72 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def footnotes(result: dict[str, Any], columns: list[str]) -> list[str]:
+    """What the table's empty cells and the systems' durability are: the enqueue cell's
+    variants, the systems without a batch API, every system's tables as they run, and
+    which drains were checked for exactly-once execution."""
+    meta = result["meta"]
+    lines = [""]
+    shared = [(variant, base) for variant, base in SHARED_PRODUCER.items() if variant in columns]
+    if shared:
+        lines.append(
+            "- no enqueue rows of their own: "
+            + ", ".join(
+                f"{SYSTEM_LABELS[v]} (the producer of {SYSTEM_LABELS[b]})" for v, b in shared
+            )
+        )
+    no_bulk: dict[str, str] = {}
+    unchecked: set[str] = set()
+    checked: set[str] = set()
+    for cell in result["cells"]:
+        reason = cell.get("bulk", {}).get("none") if cell.get("cell") == "enqueue" else None
+        if reason:
+            no_bulk[cell["system"]] = reason
+        if cell.get("cell") == "drain" and "exactly_once" in cell:
+            if str(cell["exactly_once"]).startswith("not"):
+                unchecked.add(cell["system"])
+            else:
+                checked.add(cell["system"])
+    if no_bulk:
+        lines.append(
+            "- no bulk enqueue figure: "
+            + "; ".join(f"{SYSTEM_LABELS[key]}, {why}" for key, why in no_bulk.items())
+        )
+    durability = meta.get("durability") or {}
+    if durability.get("systems"):
+        # Systems on the same tables (a variant and its base) share one entry.
+        grouped: dict[str, tuple[str, list[str]]] = {}
+        for key in columns:
+            tables = durability["systems"].get(key)
+            if tables:
+                kinds = ", ".join(
+                    f"{len(names)} {kind}" + (f" ({', '.join(names)})" if kind != "logged" else "")
+                    for kind, names in sorted(tables.items())
+                )
+                grouped.setdefault(repr(sorted(tables.items())), (kinds, []))[1].append(
+                    SYSTEM_LABELS[key]
+                )
+        parts = [f"{' and '.join(labels)} {kinds}" for kinds, labels in grouped.values()]
+        lines.append(
+            f"- durability as run: synchronous_commit={durability.get('synchronous_commit')} "
+            "for every system (none sets its own); tables: "
+            + "; ".join(parts)
+            + ("; CELERY keeps its messages in Redis only" if "celery" in columns else "")
+        )
+    if checked or unchecked:
+        text = "- exactly once: every drain's tasks checked in the database afterwards (each ran "
+        text += "once, none left), for " + ", ".join(
+            SYSTEM_LABELS[key] for key in SYSTEM_LABELS if key in checked
+        )
+        if unchecked:
+            text += "; not for " + ", ".join(
+                SYSTEM_LABELS[key] for key in SYSTEM_LABELS if key in unchecked
+            )
+            text += " (no record of its runs)"
+        lines.append(text)
+    return lines
+
+
 def console_table(result: dict[str, Any]) -> list[str]:
     """The console cells: each page's median time at both sizes and their ratio (the
     median of the runs, with min and max when there are several)."""
@@ -506,6 +625,88 @@ def console_table(result: dict[str, Any]) -> list[str]:
     if notes:
         lines += ["", *notes]
     return lines
+
+
+def scale_tables(result: dict[str, Any]) -> list[str]:
+    """The scale cells, a row per system: the burn-down's rates over time with its tables'
+    growth and autovacuum, and the drain with a snapshot held open beside the drain as is
+    (one measurement each: the cells run once per harness run)."""
+    cells = [cell for cell in result["cells"] if cell["cell"] in SCALE_CELLS]
+    lines: list[str] = []
+    burns = [cell for cell in cells if cell["cell"] == BURNDOWN]
+    if burns:
+        n, window = burns[0].get("total", 0), burns[0].get("window_s", 0)
+        lines += [
+            "",
+            f"| burn-down of {n:,} pre-filled tasks, 2 worker processes | tasks/s | first 10% "
+            f"| last 10% | last ÷ first | worst {window:g} s window | time | tables and indexes, "
+            "start → end | dead rows at most | autovacuum during it |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        ]
+    for cell in burns:
+        row = [SYSTEM_LABELS.get(cell["system"], cell["system"])]
+        if "throughput" not in cell:
+            lines.append("| " + " | ".join([*row, *[DASH] * 9]) + " |")
+            continue
+        capped = f" (capped: {cell['done']:,} of {cell['total']:,})" if cell.get("capped") else ""
+        sizes = cell["sizes"]
+        row += [
+            _int(cell["throughput"]) + capped,
+            *(
+                DASH if cell.get(key) is None else _int(cell[key])
+                for key in ("first_10pct_rate", "last_10pct_rate")
+            ),
+            DASH
+            if cell.get("last_over_first") is None
+            else f"{cell['last_over_first']:.2f}{TIMES}",
+            DASH if cell.get("worst_window_rate") is None else _int(cell["worst_window_rate"]),
+            f"{cell['elapsed']:,.0f} s" if cell["elapsed"] >= 10 else f"{cell['elapsed']:.1f} s",
+            f"{_bytes(sizes['start_bytes'])} → {_bytes(sizes['end_bytes'])}",
+            _int(cell["dead_rows_max"]),
+            _autovacuum(cell["autovacuum"]),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+
+    held = [cell for cell in cells if cell["cell"] == HELD_SNAPSHOT]
+    if held:
+        n = held[0].get("total", 0)
+        lines += [
+            "",
+            f"| drain of {n:,} pre-filled tasks, 2 worker processes (tasks/s) | as is "
+            "| a snapshot held open | held ÷ as is | dead rows left, as is → held |",
+            "|---|--:|--:|--:|--:|",
+        ]
+    for cell in held:
+        row = [SYSTEM_LABELS.get(cell["system"], cell["system"])]
+        if "throughput" not in cell:
+            lines.append("| " + " | ".join([*row, *[DASH] * 4]) + " |")
+            continue
+        row += [
+            _int(cell["baseline_throughput"]),
+            _int(cell["throughput"]) + (" (capped)" if cell.get("capped") else ""),
+            DASH if cell.get("ratio") is None else f"{cell['ratio']:.2f}{TIMES}",
+            f"{_int(cell['baseline']['dead_rows_end'])} → {_int(cell['held']['dead_rows_end'])}",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _bytes(value: float) -> str:
+    if value >= 1 << 30:
+        return f"{value / (1 << 30):.2f} GiB"
+    return f"{value / (1 << 20):,.0f} MiB" if value >= 10 << 20 else f"{value / (1 << 20):.1f} MiB"
+
+
+def _autovacuum(vacuum: dict[str, Any]) -> str:
+    """Whether autovacuum ran on the system's tables during the burn-down, and where."""
+    if not vacuum.get("enabled", True):
+        return "no: off on the server"
+    if not vacuum.get("ran"):
+        return "no"
+    finished = vacuum.get("finished", {})
+    where = [f"{table} {TIMES}{count}" for table, count in finished.items()]
+    where += [f"{t} (running)" for t in vacuum.get("seen_running", []) if t not in finished]
+    return "yes: " + ", ".join(where)
 
 
 def update_docs(path: Path, table: str, source: str) -> None:

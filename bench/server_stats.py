@@ -133,6 +133,19 @@ class ServerStats:
         return {str(name): str(value) for name, value in rows}
 
 
+def table_persistence(conn: psycopg.Connection[Any], tables: list[str]) -> dict[str, list[str]]:
+    """The tables by persistence as the catalog has them: "logged", "unlogged" (no WAL,
+    emptied after a crash), "missing"."""
+    out: dict[str, list[str]] = {}
+    kinds = {"p": "logged", "u": "unlogged", "t": "temporary"}
+    for table in tables:
+        kind = scalar(
+            conn, "SELECT relpersistence FROM pg_class WHERE oid = to_regclass(%s)", table
+        )
+        out.setdefault(kinds.get(str(kind), "missing") if kind else "missing", []).append(table)
+    return out
+
+
 class CountingConnection(psycopg.Connection[Any]):
     """The harness's observer connection, counting its statements (each one a commit in
     autocommit mode) so they can be taken out of the bench database's commit count."""

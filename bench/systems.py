@@ -1,5 +1,7 @@
-"""The four systems as the harness sees them: how to start their workers, release a
-pre-filled queue, see progress, read start and completion times, and clean up.
+"""The project's systems and the first peers as the harness sees them: how to install
+their schemas, start their workers, release a pre-filled queue, see progress, read start
+and completion times, check that every task ran once, and clean up. The other peers are in
+``bench/peers.py``.
 
 Times are seconds since the epoch on this machine's clock: PostgreSQL's ``now()``, the
 workers' and the harness's ``time.time()`` all read the same clock.
@@ -29,6 +31,7 @@ from .common import (
     scalar,
 )
 from .procs import ProcessGroup, children, memory_kib
+from .raw import SCHEMA as RAW_SCHEMA
 from .raw import TABLE as RAW_TABLE
 
 CELERY_FLAGS = [
@@ -101,9 +104,18 @@ class System:
     # The cells it runs; a variant that differs only in its workers leaves out the enqueue
     # cell, which would repeat another system's.
     cells: ClassVar[tuple[str, ...]] = ("enqueue", "drain", "latency")
+    # Why the enqueue cell has no bulk figure (no batch API), or None when it has one; the
+    # pre-fill of a drain then goes through the producer's loop of single calls.
+    no_bulk: ClassVar[str | None] = None
+    # Systems sharing a schema (a variant and its base) install it once, under this key.
+    install_key: ClassVar[str] = ""
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
+
+    def install(self) -> None:
+        """Create the system's schema in the bench database (once per harness run, before
+        any cell); an exception makes every cell of the system "skipped" with its message."""
 
     # --- workers ---------------------------------------------------------------------
 
@@ -165,6 +177,12 @@ class System:
         """Whether anything is still queued or running (between latency rates)."""
         raise NotImplementedError
 
+    def verify_once(self, conn: psycopg.Connection[Any], total: int) -> str | None:
+        """After a drain: check in the database that each of the ``total`` pre-filled tasks
+        ran exactly once, raising ``NotExactlyOnce`` when not; returns what was checked,
+        or None when the system keeps no record to check."""
+        return None
+
     # --- helpers ---------------------------------------------------------------------
 
     def _row_count(self, table: str) -> int:
@@ -179,6 +197,25 @@ class System:
     def _times(self, conn: psycopg.Connection[Any], sql: str, ids: list[int]) -> dict[int, float]:
         rows = conn.execute(sql, (ids,)).fetchall()
         return {int(row[0]): float(row[1]) for row in rows if row[1] is not None}
+
+    def _expect(self, conn: psycopg.Connection[Any], sql: str, checks: dict[str, int]) -> str:
+        """Run ``sql`` (one row) and compare its columns, in order, with ``checks``
+        (what each counts -> the value it must have); raise ``NotExactlyOnce`` naming every
+        mismatch, else return the checks as text."""
+        row = conn.execute(sql).fetchone()
+        assert row is not None
+        wrong = [
+            f"{what}: {int(value or 0)}, expected {expected}"
+            for (what, expected), value in zip(checks.items(), row, strict=True)
+            if int(value or 0) != expected
+        ]
+        if wrong:
+            raise NotExactlyOnce(f"{self.label}: " + "; ".join(wrong))
+        return "; ".join(f"{what} = {expected}" for what, expected in checks.items())
+
+
+class NotExactlyOnce(RuntimeError):
+    """A drain ran a task twice, or left one unrun: the cell fails."""
 
 
 class _CeleryBased(System):
@@ -277,6 +314,18 @@ class Us(_CeleryBased):
             )
         )
 
+    def verify_once(self, conn: psycopg.Connection[Any], total: int) -> str | None:
+        # Every task succeeded, and no step was claimed twice (a second claim is a second
+        # run: a lease row per claim).
+        return self._expect(
+            conn,
+            "SELECT (SELECT count(*) FROM tasks_app_task),"
+            " (SELECT count(*) FROM tasks_app_task WHERE status = 'succeeded'),"
+            " (SELECT count(*) FROM (SELECT step_id FROM tasks_app_lease"
+            "  GROUP BY step_id HAVING count(*) > 1) AS twice)",
+            {"tasks": total, "succeeded": total, "steps claimed more than once": 0},
+        )
+
 
 class UsProcfile(Us):
     """Our worker exactly as the Procfile's ``worker`` line starts it (its log level, its
@@ -366,6 +415,8 @@ class PlainCelery(_CeleryBased):
 
 
 class _GoFileBased(System):
+    """N worker processes that wait, booted and connected, for a go file."""
+
     module: ClassVar[str]
 
     def start_workers(self, n: int, *, barrier: bool) -> ProcessGroup:
@@ -375,32 +426,44 @@ class _GoFileBased(System):
         env[ENV_DSN] = self.ctx.dsn
         if barrier:
             env[ENV_GO_FILE] = str(group.folder / "go")
-        env.update(self.worker_env())
+        env.update(self.worker_env(barrier=barrier))
         for _ in range(n):
-            group.spawn([self.ctx.python, "-m", self.module], env)
+            group.spawn(self.argv(), env)
         return group
+
+    def argv(self) -> list[str]:
+        """One worker process's command line."""
+        return [self.ctx.python, "-m", self.module]
 
     def release(self, group: ProcessGroup) -> float:
         released = time.time()
         (group.folder / "go").touch()
         return released
 
-    def worker_env(self) -> dict[str, str]:
+    def worker_env(self, *, barrier: bool) -> dict[str, str]:
         return {}
 
 
 class Proc(_GoFileBased):
-    """procrastinate 3.x: N worker processes, concurrency 1 each."""
+    """procrastinate 3.x: N worker processes, concurrency 1 each (procrastinate's
+    default); a variant of PROC c10, run only when ``--systems`` names it."""
 
     key = "proc"
-    label = "PROC"
+    label = "PROC c1"
     module = "bench.proc_worker"
+    install_key = "proc"
+    cells: ClassVar[tuple[str, ...]] = ("drain", "latency")  # PROC c10's producer
     concurrency: ClassVar[int] = 1
 
-    def worker_env(self) -> dict[str, str]:
+    def worker_env(self, *, barrier: bool) -> dict[str, str]:
         return {ENV_PROC_CONCURRENCY: str(self.concurrency)}
 
     tables = ("procrastinate_jobs", "procrastinate_events", "procrastinate_periodic_defers")
+
+    def install(self) -> None:
+        from .proc_app import apply_schema
+
+        apply_schema(self.ctx.dsn)
 
     def staged_count(self) -> int:
         return self._row_count("procrastinate_jobs")
@@ -443,24 +506,40 @@ class Proc(_GoFileBased):
             )
         )
 
+    def verify_once(self, conn: psycopg.Connection[Any], total: int) -> str | None:
+        return self._expect(
+            conn,
+            "SELECT (SELECT count(*) FROM procrastinate_jobs),"
+            " (SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'),"
+            " (SELECT count(*) FROM (SELECT job_id FROM procrastinate_events"
+            "  WHERE type = 'started' GROUP BY job_id HAVING count(*) > 1) AS twice)",
+            {"jobs": total, "succeeded": total, "jobs started more than once": 0},
+        )
+
 
 class Proc10(Proc):
     """procrastinate with concurrency 10 per worker process, as its users run I/O-bound
-    work; the report compares with the better of this and PROC, cell by cell."""
+    work; it runs the enqueue cell, and the report compares with the better of this and
+    PROC c1 (when that ran too), cell by cell."""
 
     key = "proc10"
-    label = "PROC10"
+    label = "PROC c10"
     concurrency = 10
-    cells = ("drain", "latency")  # the same producer as PROC
+    cells = ("enqueue", "drain", "latency")
 
 
 class Raw(_GoFileBased):
-    """The raw psycopg loop (bench.raw): N processes."""
+    """The raw psycopg loop (bench.raw): N processes; run only when ``--systems`` names
+    it (no target is measured against it any more)."""
 
     key = "raw"
     label = "RAW"
     module = "bench.raw"
     tables = (RAW_TABLE,)
+
+    def install(self) -> None:
+        with self.ctx.connect() as conn:
+            conn.execute(RAW_SCHEMA)
 
     def staged_count(self) -> int:
         return self._row_count(RAW_TABLE)
@@ -501,8 +580,10 @@ class Raw(_GoFileBased):
             )
         )
 
-
-SYSTEMS: dict[str, type[System]] = {
-    cls.key: cls for cls in (Us, UsProcfile, PlainCelery, Proc, Proc10, Raw)
-}
-ORDER = ["us", "procfile", "celery", "proc", "proc10", "raw"]
+    def verify_once(self, conn: psycopg.Connection[Any], total: int) -> str | None:
+        return self._expect(
+            conn,
+            f"SELECT count(*), count(*) FILTER (WHERE status = 'done'),"  # noqa: S608
+            f" count(*) FILTER (WHERE attempts <> 1) FROM {RAW_TABLE}",
+            {"jobs": total, "done": total, "jobs claimed other than once": 0},
+        )
