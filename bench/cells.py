@@ -123,23 +123,30 @@ class Bench:
 
     # 2, 4, 5. drain a pre-filled queue; commits, WAL and memory around it
 
-    def drain(self, system: System, workers: int) -> dict[str, Any]:
-        mode, ctx, stats = self.mode, self.ctx, self.stats
-        total = mode.drain_n
+    def prefill(self, system: System, total: int) -> dict[str, Any]:
+        """Empty the system's tables and queues, then enqueue ``total`` tasks with no worker
+        running (its bulk call; staged where its messages would reach a worker); checks
+        they are all there and returns the producer's result."""
         system.reset()
-        self.producer(
+        filled = self.producer(
             system,
             "bulk",
             staged=True,
             # A system without a batch API is pre-filled one call at a time.
             timeout=max(60, total / (30 if system.no_bulk else 150)),
             n=total,
-            batch=mode.batch,
+            batch=self.mode.batch,
             no_warmup=True,
         )
         staged = system.staged_count()
         if staged != total:
             raise RuntimeError(f"pre-filled {staged} tasks, expected {total}")
+        return filled
+
+    def drain(self, system: System, workers: int) -> dict[str, Any]:
+        mode, ctx, stats = self.mode, self.ctx, self.stats
+        total = mode.drain_n
+        self.prefill(system, total)
         with ctx.connect() as conn:
             conn.execute("ANALYZE")
         stats.quiesce()

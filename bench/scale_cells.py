@@ -221,21 +221,8 @@ def drain(
     often as the drain cells poll, whether anything is still queued or running. With
     ``hold``, another session holds a snapshot open from before the release until the
     workers have stopped."""
-    ctx, mode = bench.ctx, bench.mode
-    system.reset()
-    filled = bench.producer(
-        system,
-        "bulk",
-        staged=True,
-        # A system without a batch API is pre-filled one call at a time.
-        timeout=max(60, total / (30 if system.no_bulk else 150)),
-        n=total,
-        batch=mode.batch,
-        no_warmup=True,
-    )
-    staged = system.staged_count()
-    if staged != total:
-        raise RuntimeError(f"pre-filled {staged} tasks, expected {total}")
+    ctx = bench.ctx
+    filled = bench.prefill(system, total)
     with ctx.connect() as conn:
         conn.execute("ANALYZE")
         settings = dict(

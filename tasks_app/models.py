@@ -175,7 +175,7 @@ class StepQuerySet(models.QuerySet["Step"]):
 def step_key(task_key: str, position: int, kind: str, revision: int = 0) -> str:
     """A step's idempotency key (DESIGN rule 5): ``<task key>:<position>:<kind>``, and
     ``:r<n>`` on the rows of revision ``n``. Kept across retries and redrives. The bulk
-    insert's SQL (``batch.INSERT_SQL``) restates it for revision 0."""
+    insert's SQL (``sql.INSERT_SQL``) restates it for revision 0."""
     key = f"{task_key}:{position}:{kind}"
     return f"{key}:r{revision}" if revision else key
 

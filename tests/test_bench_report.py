@@ -11,6 +11,7 @@ import pytest
 
 from bench import cli, report
 from bench.systems import Ctx, NotExactlyOnce, System
+from tests.bench_support import bench_result
 
 MODE: dict[str, Any] = {
     "name": "quick",
@@ -51,33 +52,7 @@ def enqueue(system: str, single: float, bulk: float | None) -> dict[str, Any]:
 
 
 def result(cells: list[dict[str, Any]], systems: list[str], **meta: Any) -> dict[str, Any]:
-    summary = report.summarize(report.collect(cells))
-    report.add_best(summary, MODE)
-    return {
-        "meta": {
-            "started": "2026-12-01T00:00:00+00:00",
-            "duration_s": 60.0,
-            "mode": MODE,
-            "systems": systems,
-            "seed": 1,
-            "orders": [systems],
-            "git": "abc1234",
-            "code_at_start": "same",
-            "code_at_end": "same",
-            "environment": {
-                "versions": {"python": "3.13"},
-                "postgresql_settings": {"synchronous_commit": "on"},
-                "redis_settings": {"save": ""},
-                "cpu_model": "test",
-                "cpus": 2,
-                "memory_gib": 24.0,
-            },
-            **meta,
-        },
-        "cells": cells,
-        "summary": summary,
-        "targets": report.evaluate(summary, MODE),
-    }
+    return bench_result(cells, MODE, systems, **meta)
 
 
 def target(out: dict[str, Any], text: str) -> dict[str, Any]:

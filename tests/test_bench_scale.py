@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bench import report, scale_cells
+from tests.bench_support import bench_result
 
 MODE: dict[str, Any] = {
     "name": "full",
@@ -81,31 +82,7 @@ def held(system: str, baseline: float, throughput: float) -> dict[str, Any]:
 
 
 def result(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    summary = report.summarize(report.collect(cells))
-    return {
-        "meta": {
-            "started": "2026-12-01T00:00:00+00:00",
-            "duration_s": 600.0,
-            "mode": MODE,
-            "systems": ["us", "pgq"],
-            "seed": 1,
-            "orders": [["us", "pgq"]],
-            "git": "abc1234",
-            "code_at_start": "same",
-            "code_at_end": "same",
-            "environment": {
-                "versions": {"python": "3.13"},
-                "postgresql_settings": {"synchronous_commit": "on"},
-                "redis_settings": {"save": ""},
-                "cpu_model": "test",
-                "cpus": 2,
-                "memory_gib": 24.0,
-            },
-        },
-        "cells": cells,
-        "summary": summary,
-        "targets": report.evaluate(summary, MODE),
-    }
+    return bench_result(cells, MODE, ["us", "pgq"], duration_s=600.0)
 
 
 def test_rates_over_windows_tenths_and_the_worst_full_window() -> None:

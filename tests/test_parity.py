@@ -39,6 +39,7 @@ import pprint
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -637,3 +638,43 @@ def test_a_completion_delivered_twice_in_one_batch_is_refused_the_second_time_al
     assert one["events"][-1]["data"]["current_status"] == StepStatus.SUCCEEDED
     assert one["steps"][0]["result"] == {"n": 1}
     assert_same(one, batched)
+
+
+# --- enqueue: the insert statement (sql.INSERT_SQL) and the ORM's (enqueueing._insert_with_orm)
+
+
+@pytest.mark.django_db
+def test_an_enqueue_writes_the_same_rows_through_the_statement_and_the_orm(
+    pair: str, settings: Any
+) -> None:
+    """Keyed and keyless items, one and two steps, due now and later: the statement inserts
+    the keyed ones with ON CONFLICT and the keyless ones without, and both must leave what
+    the ORM leaves."""
+
+    later = datetime(2099, 1, 1, tzinfo=UTC)
+
+    def items(tag: str) -> list[dict[str, Any]]:
+        return [
+            {"workflow": "demo.noop", "payload": {"n": 1}, "idempotency_key": f"k-{tag}"},
+            {"workflow": "demo.noop", "payload": {"n": 2}, "priority": 5},
+            {"workflow": pair, "payload": {"n": 3}, "run_after": later},
+        ]
+
+    def enqueued(tag: str) -> list[dict[str, Any]]:
+        tasks = [result.task for result in services.enqueue_many(items(tag), actor=PRODUCER)]
+        return [
+            {
+                **snapshot(task),
+                "row": (task.queue, task.priority, task.payload, task.workflow_version),
+                "keyed": task.idempotency_key is not None,
+            }
+            for task in tasks
+        ]
+
+    by_statement = enqueued("sql")
+    settings.TASKS_SQL_FAST_PATH = False
+    by_orm = enqueued("orm")
+
+    assert [task["keyed"] for task in by_statement] == [True, False, False]
+    for statement, orm in zip(by_statement, by_orm, strict=True):
+        assert_same(orm, statement)
