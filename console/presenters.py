@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from tasks_app import exceptions, redaction
 from tasks_app.durations import short_duration as short_duration
@@ -76,3 +79,19 @@ def csv_lines(rows: Iterable[Iterable[Any]]) -> Iterator[str]:
     writer = csv.writer(_Echo())
     for row in rows:
         yield writer.writerow([csv_cell(cell) for cell in row])
+
+
+def moment(value: datetime, now: datetime | None = None) -> tuple[str, str]:
+    """A moment as the console shows it: the absolute time with its zone (the site's
+    ``TIME_ZONE``), and how long ago or ahead it is ("3 min ago", "in 2 h")."""
+    now = now or timezone.now()
+    local = timezone.localtime(value)
+    absolute = f"{local:%Y-%m-%d %H:%M:%S} {local.tzname() or ''}".strip()
+    delta = now - value
+    if abs(delta) < timedelta(seconds=1):
+        relative = "just now"
+    elif delta > timedelta(0):
+        relative = f"{short_duration(delta)} ago"
+    else:
+        relative = f"in {short_duration(-delta)}"
+    return absolute, relative

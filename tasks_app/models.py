@@ -13,6 +13,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .fingerprints import fingerprint
+
 
 class TaskStatus(models.TextChoices):
     PENDING = "pending"
@@ -204,6 +206,11 @@ class Step(models.Model):
     result = models.JSONField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     error_class = models.CharField(max_length=200, blank=True)
+    # The cause of the step's death (``tasks_app.fingerprints``), set by ``save`` whenever
+    # it is saved dead; read only while the step is dead (a redrive leaves it behind).
+    # The database's default serves inserts that do not name it (enqueue's SQL, the code
+    # of the release before during a rolling deploy).
+    error_fingerprint = models.CharField(max_length=16, blank=True, default="", db_default="")
     # Set on the first row of a revision: the reviewer's comment and the draft it replaces,
     # for the handler that writes the next draft.
     change_request = models.JSONField(null=True, blank=True)
@@ -243,6 +250,14 @@ class Step(models.Model):
                 name="step_dead_idx",
                 condition=Q(status="dead"),
             ),
+            # Dead letters grouped by cause (``/dead/groups/``) and filtered by one, from
+            # the index alone: only dead rows have entries.
+            models.Index(
+                fields=["error_fingerprint", "finished_at"],
+                name="step_dead_cause_idx",
+                condition=Q(status="dead"),
+                include=["task"],
+            ),
             # The metrics' steps waiting for a worker that has their workflow version (a
             # rolling deploy: exceptions.AWAITING_VERSION); only those rows have entries.
             models.Index(
@@ -254,6 +269,16 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"step {self.pk} {self.kind} ({self.status})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Saved dead, the step stores its cause's fingerprint (with ``update_fields``, the
+        fingerprint is added to them): every path that kills a step saves it."""
+        if self.status == StepStatus.DEAD:
+            self.error_fingerprint = fingerprint(self.error_class, self.last_error)
+            fields = kwargs.get("update_fields")
+            if fields is not None and "error_fingerprint" not in fields:
+                kwargs["update_fields"] = [*fields, "error_fingerprint"]
+        super().save(*args, **kwargs)
 
 
 class Lease(models.Model):

@@ -32,8 +32,8 @@ def _count_into(select: str) -> str:
 STEP_COLUMNS = (
     "id", "task_id", "position", "revision", "kind", "status", "queue", "priority", "attempts",
     "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
-    "dispatched_at", "result", "last_error", "error_class", "change_request", "started_at",
-    "finished_at",
+    "dispatched_at", "result", "last_error", "error_class", "error_fingerprint", "change_request",
+    "started_at", "finished_at",
 )  # fmt: skip
 TASK_COLUMNS = (
     "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
+from django.utils.html import format_html
 
 from console import presenters
 from tasks_app.task_actions import ACTIONS
@@ -57,3 +58,24 @@ def error_summary(text: str | None) -> str:
 def redact_text(text: str | None) -> str:
     """Free text (an error, a reason) with the values of secret keys removed."""
     return presenters.redact_text(text or "")
+
+
+@register.simple_tag
+def when(value: datetime | None, style: str = "relative") -> str:
+    """A moment in a ``<time>`` element. ``relative`` (the default, for tables) shows "3 min
+    ago" with the absolute time and its zone on hover; ``full`` shows the absolute time
+    with its zone, then the relative one; "—" for no moment."""
+    if value is None:
+        return "—"
+    absolute, relative = presenters.moment(value)
+    if style == "full":
+        return format_html(
+            '<time datetime="{}" title="{}">{} <span class="muted">({})</span></time>',
+            value.isoformat(),
+            relative,
+            absolute,
+            relative,
+        )
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), absolute, relative
+    )
