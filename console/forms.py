@@ -59,7 +59,12 @@ class TaskFilterForm(_Filter):
     status = forms.ChoiceField(required=False, choices=_choices(list(TaskStatus.values)))
     workflow = forms.ChoiceField(required=False)
     queue = forms.ChoiceField(required=False)
-    key = forms.CharField(required=False, max_length=255, label="Idempotency key")
+    key = forms.CharField(
+        required=False,
+        max_length=255,
+        label="Idempotency key",
+        help_text="Its start is enough, e.g. publish:article-001",
+    )
     payload = forms.CharField(
         required=False,
         max_length=500,
@@ -106,6 +111,17 @@ class TaskFilterForm(_Filter):
         )
 
 
+def _cause_field() -> forms.RegexField:
+    """A dead letter's cause, as ``/dead/groups/`` links to it."""
+    return forms.RegexField(
+        required=False,
+        regex=r"^[0-9a-f]{16}$",
+        label="Cause",
+        widget=forms.HiddenInput,
+        error_messages={"invalid": "fingerprint: the 16 hexadecimal digits of a cause"},
+    )
+
+
 class DeadFilterForm(_Filter):
     workflow = forms.ChoiceField(required=False)
     queue = forms.ChoiceField(required=False)
@@ -114,14 +130,19 @@ class DeadFilterForm(_Filter):
     error_class = forms.CharField(  # type: ignore[assignment]
         required=False, max_length=200, label="Error class"
     )
+    fingerprint = _cause_field()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _set_choices(self, workflow=workflow_names(), queue=list(settings.TASKS_QUEUES))
 
-    def filters_query(self) -> str:
-        """The filter as a query string, for the page after a plain POST."""
-        return urlencode({k: v for k, v in self.filters().__dict__.items() if v})
+    def filters_query(self, *, cursor: bool = False) -> str:
+        """The filter as a query string, for the page after a plain POST; with ``cursor``,
+        the page being read too (a refresh of the list stays on it)."""
+        query = {k: v for k, v in self.filters().__dict__.items() if v}
+        if cursor and self.cursor():
+            query["after"] = self.cursor()
+        return urlencode(query)
 
     def filters(self) -> DeadFilter:
         data = self.cleaned_data if self.is_valid() else {}
@@ -129,6 +150,7 @@ class DeadFilterForm(_Filter):
             workflow=data.get("workflow", ""),
             queue=data.get("queue", ""),
             error_class=data.get("error_class", ""),
+            fingerprint=data.get("fingerprint", ""),
         )
 
 
@@ -267,6 +289,7 @@ class BulkForm(ReasonForm):
     workflow = forms.ChoiceField(required=False)
     queue = forms.ChoiceField(required=False)
     error_class = forms.CharField(required=False, max_length=200)  # type: ignore[assignment]
+    fingerprint = _cause_field()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -290,6 +313,7 @@ class BulkForm(ReasonForm):
             workflow=self.cleaned_data.get("workflow", ""),
             queue=self.cleaned_data.get("queue", ""),
             error_class=self.cleaned_data.get("error_class", ""),
+            fingerprint=self.cleaned_data.get("fingerprint", ""),
         )
 
 

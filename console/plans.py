@@ -11,12 +11,13 @@ plan's id.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
 from django.core import signing
 
-from tasks_app import lists, services
+from tasks_app import lists, selectors, services
 from tasks_app.lists import DeadFilter
 from tasks_app.models import Task
 from tasks_app.task_actions import ACTIONS
@@ -65,6 +66,12 @@ class BulkPlan:
     @property
     def limited(self) -> bool:
         return self.matched > len(self.ids)
+
+    @cached_property
+    def ledger(self) -> selectors.LedgerSummary:
+        """What the effects ledger holds for the dead steps of the plan's tasks: which
+        have external writes in doubt, which have writes that happened."""
+        return selectors.dead_step_ledger(self.ids)
 
     def token(self) -> str:
         data: dict[str, Any] = {**asdict(self), "ids": list(self.ids)}

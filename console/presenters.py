@@ -7,7 +7,9 @@ The templates escape everything they print; these only decide what text is shown
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -95,3 +97,57 @@ def moment(value: datetime, now: datetime | None = None) -> tuple[str, str]:
     else:
         relative = f"in {short_duration(-delta)}"
     return absolute, relative
+
+
+@dataclass(frozen=True)
+class Change:
+    """One field a payload edit changed: its dotted path, and the values before and after
+    as compact JSON ("" where the field was absent), secrets redacted."""
+
+    path: str
+    before: str
+    after: str
+
+
+def payload_changes(old: Any, new: Any) -> list[Change]:
+    """What a redrive's edit changed in the payload, field by field; a field under a
+    secret key shows as changed, never with its values."""
+    before, after = _leaves(old), _leaves(new)
+    changes = []
+    for path in sorted(before.keys() | after.keys(), key=_dotted):
+        if path in before and path in after and before[path] == after[path]:
+            continue
+        secret = any(isinstance(part, str) and redaction.is_secret_key(part) for part in path)
+        changes.append(
+            Change(
+                _dotted(path),
+                REDACTED if secret and path in before else before.get(path, ""),
+                REDACTED if secret and path in after else after.get(path, ""),
+            )
+        )
+    return changes
+
+
+type Path = tuple[str | int, ...]
+
+
+def _leaves(value: Any, path: Path = ()) -> dict[Path, str]:
+    """``value``'s scalars and empty containers by path, as compact JSON."""
+    if isinstance(value, dict) and value:
+        items: Iterable[tuple[str | int, Any]] = value.items()
+    elif isinstance(value, list) and value:
+        items = enumerate(value)
+    else:
+        return {path: json.dumps(value, ensure_ascii=False, sort_keys=True)}
+    leaves: dict[Path, str] = {}
+    for key, item in items:
+        leaves.update(_leaves(item, (*path, key)))
+    return leaves
+
+
+def _dotted(path: Path) -> str:
+    """``("customer", "tags", 0)`` as ``customer.tags[0]``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(payload)"

@@ -11,6 +11,7 @@ refusals map to status codes here: :class:`NotPermitted` 403, :class:`InvalidInp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,25 @@ def filter_refused(request: ConsoleRequest, form: Form) -> HttpResponse:
 def task_detail(request: ConsoleRequest, pk: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=pk)
     return _task_page(request, task)
+
+
+# The header's "go to task" box: ``123`` or ``#123``; a bigint has at most 19 digits.
+TASK_NUMBER = re.compile(r"#?\s*([0-9]{1,19})")
+
+
+@require_GET
+@view_tasks
+def task_go(request: ConsoleRequest) -> HttpResponse:
+    """Jump to the task a number names: 400 for what is not a task number, 404 for none."""
+    match = TASK_NUMBER.fullmatch(request.GET.get("id", "").strip())
+    if match is None:
+        return errors.error_response(
+            request, 400, "id: write a task number, such as 123 or #123 (digits only)."
+        )
+    pk = int(match.group(1))
+    if not Task.objects.filter(pk=pk).exists():
+        return errors.error_response(request, 404, f"There is no task #{pk}.")
+    return redirect("console:task", pk=pk)
 
 
 def _task_page(
@@ -245,14 +265,17 @@ def task_cancel(request: ConsoleRequest, pk: int) -> HttpResponse:
 
 def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, Any]:
     filters = filter_form.filters()
+    cause = lists.dead_groups(filters)[:1] if filters.fingerprint else []
     return {
         "form": filter_form,
         "page": lists.dead_letter_page(filters, after=filter_form.cursor()),
+        "cause": cause[0] if cause else None,
         "error_classes": lists.dead_error_classes(),
         "bulk_form": extra.pop("bulk_form", None)
         or forms.BulkForm(initial={**filters.__dict__, "limit": settings.CONSOLE_BULK_LIMIT}),
         "bulk_limit": settings.CONSOLE_BULK_LIMIT,
         "filter_query": filter_form.filters_query(),
+        "refresh_query": filter_form.filters_query(cursor=True),
         **extra,
     }
 
@@ -267,6 +290,24 @@ def dead_letters(request: ConsoleRequest) -> HttpResponse:
     # list alone reloads itself after a bulk action and pages on its own.
     partial = "results" if request.htmx.target == "results" else "dead"
     return render_page(request, "console/dead.html", _dead_context(form), partial=partial)
+
+
+@require_GET
+@view_tasks
+def dead_groups(request: ConsoleRequest) -> HttpResponse:
+    """The dead letters grouped by cause, each linking to its list and its bulk actions."""
+    form = forms.DeadFilterForm(request.GET)
+    if not form.is_valid():
+        return filter_refused(request, form)
+    groups = lists.dead_groups(form.filters())
+    context = {
+        "form": form,
+        "groups": groups,
+        "total": sum(group.count for group in groups),
+        "error_classes": lists.dead_error_classes(),
+        "filter_query": form.filters_query(),
+    }
+    return render_page(request, "console/dead_groups.html", context, partial="groups")
 
 
 BULK_PERMISSIONS = sorted({f"tasks_app.{spec.permission}" for spec in ACTIONS.values()})

@@ -3,9 +3,10 @@
 Two steps share a cause when they died with the same error class and the same message
 once the parts that differ from step to step are masked: numbers, ids, hexadecimal runs
 and quoted values. ``HTTP 503 from /articles/871 (request 9f2c…)`` and ``HTTP 503 from
-/articles/12 (request 07ab…)`` are one cause; ``HTTP 404 …`` is another (a status code
-is a number too, but its digits are kept where a word says it is a status). The fingerprint is stored on the step when it dies (``Step.save``), so
-grouping 100,000 dead letters reads an index, not their tracebacks.
+/articles/12 (request 07ab…)`` are one cause; ``HTTP 404 …`` is another (a status code is
+a number too, but its digits are kept where a word says it is a status). The fingerprint
+is stored on the step when it dies (``Step.save``), so grouping 100,000 dead letters
+reads an index, not their tracebacks.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 
+from .fingerprints import masked_message
 from .models import (
     OPERATOR_EVENT_KINDS,
     Event,
@@ -60,6 +61,7 @@ class TaskFilter:
     status: str = ""
     workflow: str = ""
     queue: str = ""
+    # The start of an idempotency key.
     key: str = ""
     # A payload field as dotted path and the value it must hold (JSON, or else text).
     payload: tuple[str, Any] | None = None
@@ -68,14 +70,15 @@ class TaskFilter:
 
 
 def tasks(filters: TaskFilter) -> QuerySet[Task]:
-    """Tasks matching ``filters``; the payload field by JSON containment, which the GIN
-    index of ``PayloadSearch`` serves on PostgreSQL."""
+    """Tasks matching ``filters``; the key by prefix (``LIKE 'prefix%'`` with the user's
+    ``%`` and ``_`` escaped, served by ``task_key_prefix_idx`` on PostgreSQL), the payload
+    field by JSON containment, which the GIN index of ``PayloadSearch`` serves there."""
     queryset = _matching(
         Task.objects.all(),
         status=filters.status,
         workflow=filters.workflow,
         queue=filters.queue,
-        idempotency_key=filters.key,
+        idempotency_key__startswith=filters.key,
     )
     if filters.payload is not None:
         queryset = queryset.filter(_payload_matches(*filters.payload))
@@ -127,18 +130,26 @@ class DeadFilter:
     workflow: str = ""
     queue: str = ""
     error_class: str = ""
+    # A cause (``tasks_app.fingerprints``): the dead letters of one group.
+    fingerprint: str = ""
+
+
+def _dead_steps(filters: DeadFilter) -> Q:
+    """The dead steps a filter's step fields select (error class, cause)."""
+    condition = Q(status=StepStatus.DEAD)
+    if filters.error_class:
+        condition &= Q(error_class=filters.error_class)
+    if filters.fingerprint:
+        condition &= Q(error_fingerprint=filters.fingerprint)
+    return condition
 
 
 def dead_tasks(filters: DeadFilter) -> QuerySet[Task]:
     """Dead tasks matching ``filters`` (the bulk actions act on these)."""
     queryset = _matching(Task.objects.dead(), workflow=filters.workflow, queue=filters.queue)
-    if filters.error_class:
+    if filters.error_class or filters.fingerprint:
         queryset = queryset.filter(
-            Exists(
-                Step.objects.filter(
-                    task=OuterRef("pk"), status=StepStatus.DEAD, error_class=filters.error_class
-                )
-            )
+            Exists(Step.objects.filter(_dead_steps(filters), task=OuterRef("pk")))
         )
     return queryset
 
@@ -175,11 +186,77 @@ def operator_targets(
 def dead_letter_page(filters: DeadFilter, *, after: int | None) -> Page[Step]:
     """The dead steps of matching tasks, newest task first, with their task."""
     steps = Step.objects.filter(
-        status=StepStatus.DEAD, task__in=dead_tasks(filters).values("pk")
+        _dead_steps(filters), task__in=dead_tasks(filters).values("pk")
     ).select_related("task")
-    if filters.error_class:
-        steps = steps.filter(error_class=filters.error_class)
     return keyset_page(steps, after=after, key="task")
+
+
+@dataclass(frozen=True)
+class DeadGroup:
+    """The dead letters of one cause: how many, in which workflows, since and until when,
+    and the newest as an example."""
+
+    fingerprint: str
+    count: int
+    workflows: list[str]
+    first_seen: datetime | None
+    last_seen: datetime | None
+    example: Step
+
+    @property
+    def error_class(self) -> str:
+        return self.example.error_class
+
+    @property
+    def message(self) -> str:
+        """The cause's message with what varies masked."""
+        return masked_message(self.example.error_class, self.example.last_error)
+
+
+def dead_groups(filters: DeadFilter) -> list[DeadGroup]:
+    """The dead letters matching ``filters`` grouped by cause, the largest group first.
+
+    Three reads, none per group: the groups from the dead steps' cause index, the
+    workflows of each, and one example step each (the newest task's)."""
+    steps = Step.objects.filter(_dead_steps(filters), task__status=TaskStatus.DEAD)
+    if filters.workflow:
+        steps = steps.filter(task__workflow=filters.workflow)
+    if filters.queue:
+        steps = steps.filter(queue=filters.queue)
+    rows = list(
+        steps.values("error_fingerprint")
+        .annotate(
+            count=Count("pk"),
+            first_seen=Min("finished_at"),
+            last_seen=Max("finished_at"),
+            newest_task=Max("task_id"),
+        )
+        .order_by("-count", "error_fingerprint")
+    )
+    workflows: dict[str, list[str]] = {}
+    for cause, workflow in (
+        steps.values_list("error_fingerprint", "task__workflow")
+        .distinct()
+        .order_by("error_fingerprint", "task__workflow")
+    ):
+        workflows.setdefault(cause, []).append(workflow)
+    examples = {
+        (step.error_fingerprint, step.task_id): step
+        for step in steps.filter(task_id__in=[row["newest_task"] for row in rows]).select_related(
+            "task"
+        )
+    }
+    return [
+        DeadGroup(
+            fingerprint=row["error_fingerprint"],
+            count=row["count"],
+            workflows=workflows.get(row["error_fingerprint"], []),
+            first_seen=row["first_seen"],
+            last_seen=row["last_seen"],
+            example=examples[(row["error_fingerprint"], row["newest_task"])],
+        )
+        for row in rows
+    ]
 
 
 def dead_error_classes() -> list[str]:

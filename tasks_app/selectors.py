@@ -9,7 +9,8 @@ kinds), never over the whole history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +19,9 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from . import task_actions as task_actions_rule
+from .exceptions import AWAITING_VERSION
 from .models import (
+    Effect,
     Event,
     EventKind,
     Lease,
@@ -204,11 +207,51 @@ def queues() -> list[QueueRow]:
 
 
 @dataclass(frozen=True)
+class LedgerEntry:
+    """One external write of a step as the effects ledger holds it."""
+
+    name: str
+    effect: Effect
+
+    @property
+    def applied(self) -> bool:
+        """It happened (its result is recorded): a rerun skips it by its key."""
+        return self.effect.status == Effect.Status.DONE
+
+
+@dataclass(frozen=True)
 class StepRow:
     step: Step
     leases: list[Lease]
     # The lease held now (a running step), if any.
     current_lease: Lease | None
+    # Its external writes, oldest first.
+    effects: list[LedgerEntry] = field(default_factory=list)
+
+    @property
+    def applied(self) -> list[LedgerEntry]:
+        return [entry for entry in self.effects if entry.applied]
+
+    @property
+    def in_doubt(self) -> list[LedgerEntry]:
+        """Started with no recorded outcome: a rerun calls them again (with the same key)."""
+        return [entry for entry in self.effects if not entry.applied]
+
+    @property
+    def error_is_current(self) -> bool:
+        """Whether its stored error says what the step is now: it died of it, or an
+        attempt since the last redrive failed with it (a redrive starts the attempts again
+        and leaves the old error stored), or it waits for a worker with its version. Not
+        once it has succeeded or been cancelled."""
+        step = self.step
+        if not step.error_class:
+            return False
+        if step.status == StepStatus.DEAD:
+            return True
+        if step.status == StepStatus.PENDING:
+            return step.attempts > 0 or step.error_class == AWAITING_VERSION
+        # A running step's attempts count the claim it is in.
+        return step.status == StepStatus.RUNNING and step.attempts > 1
 
 
 @dataclass(frozen=True)
@@ -221,6 +264,11 @@ class TaskDetail:
     dead_step: Step | None = None
     # A step handed back to wait for a worker that has its workflow version, if any.
     awaiting_version: Step | None = None
+
+    @property
+    def dead_row(self) -> StepRow | None:
+        """The row of the dead step, with its leases and external writes."""
+        return next((row for row in self.steps if row.step == self.dead_step), None)
 
     @property
     def outcome_unknown(self) -> bool:
@@ -270,16 +318,52 @@ def task_actions(detail: TaskDetail, user: Any) -> TaskActions:
     )
 
 
+def ledger(steps: list[Step]) -> dict[int, list[LedgerEntry]]:
+    """Each step's external writes, as the effects ledger holds them."""
+    keys = {step.pk: step.idempotency_key for step in steps}
+    entries: dict[int, list[LedgerEntry]] = {}
+    for effect in Effect.objects.filter(step_id__in=list(keys)).order_by("created_at", "pk"):
+        prefix = keys[effect.step_id] + ":"
+        name = effect.key[len(prefix) :] if effect.key.startswith(prefix) else effect.key
+        entries.setdefault(effect.step_id, []).append(LedgerEntry(name, effect))
+    return entries
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """What the ledger holds for the dead steps of many tasks (a bulk action's preview)."""
+
+    # Tasks whose dead step has an external write started with no recorded outcome.
+    in_doubt: list[int]
+    # Tasks whose dead step has writes that happened (a rerun skips them by key).
+    applied: list[int]
+
+
+def dead_step_ledger(task_ids: Collection[int]) -> LedgerSummary:
+    """The effects of the dead steps of ``task_ids``: one read, grouped by task."""
+    rows = (
+        Effect.objects.filter(step__task_id__in=list(task_ids), step__status=StepStatus.DEAD)
+        .values_list("step__task_id", "status")
+        .distinct()
+    )
+    in_doubt: set[int] = set()
+    applied: set[int] = set()
+    for task_id, status in rows:
+        (applied if status == Effect.Status.DONE else in_doubt).add(task_id)
+    return LedgerSummary(in_doubt=sorted(in_doubt), applied=sorted(applied))
+
+
 def task_detail(task: Task) -> TaskDetail:
     steps = list(task.steps.order_by("position", "revision"))
     leases: dict[int, list[Lease]] = {}
     for lease in Lease.objects.filter(step__task=task).order_by("step_id", "token"):
         leases.setdefault(lease.step_id, []).append(lease)
+    effects = ledger(steps)
     rows = []
     for step in steps:
         held = [lease for lease in leases.get(step.pk, []) if lease.released_at is None]
         current = held[-1] if held and step.status == StepStatus.RUNNING else None
-        rows.append(StepRow(step, leases.get(step.pk, []), current))
+        rows.append(StepRow(step, leases.get(step.pk, []), current, effects.get(step.pk, [])))
     dead = next((step for step in steps if step.status == StepStatus.DEAD), None)
     waiting = task.steps.awaiting_version().order_by("position").first()
     return TaskDetail(

@@ -79,3 +79,11 @@ def when(value: datetime | None, style: str = "relative") -> str:
     return format_html(
         '<time datetime="{}" title="{}">{}</time>', value.isoformat(), absolute, relative
     )
+
+
+@register.filter
+def payload_changes(data: dict[str, Any]) -> list[presenters.Change]:
+    """The payload fields a ``redriven`` event's edit changed (none without an edit)."""
+    if "new_payload" not in data:
+        return []
+    return presenters.payload_changes(data.get("old_payload"), data["new_payload"])
