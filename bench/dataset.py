@@ -14,6 +14,12 @@ plus the same few hundred tasks of active work at every size from 10,000 up:
 
 One step per task (position 0, revision 0), its id the task's. Workflows ``demo.noop``,
 ``demo.flaky``, ``publish_article``, ``ticket_reply`` (version 1), queue ``default``.
+
+The metrics counters hold what that history counted (per workflow: enqueues, the run-time
+histogram, retries and dead letters), and the workflow figures' samples what the sweeper
+would have taken of them over the last fifteen days (``tasks_app.workflow_figures``: one
+per workflow each minute its totals changed and the first of each hour over the last two
+days, the hourly ones before), so their size follows the days sampled, not the tasks.
 The tables are truncated and filled in one transaction with ``COPY … FREEZE`` (rows
 visible to all, as old history is after vacuum), the identity sequences set past the
 rows, then ``VACUUM (ANALYZE)``. Nothing here imports Django.
@@ -154,6 +160,91 @@ def _frac(task_id: int, salt: int) -> float:
     return (((task_id * 2654435761) ^ (salt * 40503)) & 0xFFFF) / 65536
 
 
+# The step run-time histogram's bounds (tasks_app.counting.STEP_SECONDS_BUCKETS), their
+# counter labels, and how long the samples are kept (tasks_app.workflow_figures).
+RUN_BOUNDS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+RUN_LABELS = (*(f"{b:g}" for b in RUN_BOUNDS), "inf")
+SAMPLED_SPAN = 15 * 24 * 3600.0
+FINE_SPAN = 2 * 24 * 3600.0
+# A slot's counts: enqueued, succeeded, retried, dead-lettered, the run time's sum in ms,
+# then one per run-time bucket.
+N_ENQ, N_DONE, N_RETRY, N_DEAD, N_SUM_MS, N_BUCKETS = 0, 1, 2, 3, 4, 5
+
+
+class Tally:
+    """What the history counted, per workflow and minute, for the counters and the samples:
+    minutes before the sampled span are added up in one slot (-1)."""
+
+    def __init__(self, now: float) -> None:
+        self.since = now - SAMPLED_SPAN
+        self.slots: dict[str, dict[int, list[int]]] = {}
+
+    def add(self, workflow: str, at: float, what: int, n: int = 1) -> None:
+        slot = max(int((at - self.since) // 60), -1)
+        counts = self.slots.setdefault(workflow, {}).setdefault(slot, [0] * (N_BUCKETS + 11))
+        counts[what] += n
+
+    def run(self, workflow: str, at: float, seconds: float) -> None:
+        bucket = next((i for i, b in enumerate(RUN_BOUNDS) if seconds <= b), len(RUN_BOUNDS))
+        self.add(workflow, at, N_DONE)
+        self.add(workflow, at, N_BUCKETS + bucket)
+        self.add(workflow, at, N_SUM_MS, round(seconds * 1000))
+
+    def totals(self, workflow: str) -> list[int]:
+        out = [0] * (N_BUCKETS + 11)
+        for counts in self.slots.get(workflow, {}).values():
+            out = [a + b for a, b in zip(out, counts, strict=True)]
+        return out
+
+    def counter_lines(self) -> list[str]:
+        """The counter rows (one shard) of every workflow's totals."""
+        lines = []
+        for workflow in sorted(self.slots):
+            t = self.totals(workflow)
+            named = {
+                f"enqueued:{workflow}": t[N_ENQ],
+                f"step_seconds@{workflow}:sum_ms": t[N_SUM_MS],
+                f"event@{workflow}:retry_scheduled": t[N_RETRY],
+                f"event@{workflow}:dead_lettered": t[N_DEAD],
+                **{f"step_seconds@{workflow}:le={label}": t[N_BUCKETS + i]
+                   for i, label in enumerate(RUN_LABELS)},
+            }  # fmt: skip
+            lines += [f"{copy_text(name)}#0\t{n}" for name, n in named.items() if n]
+        return lines
+
+    def sample_lines(self, now: float) -> list[str]:
+        """The samples the sweeper would have taken: each minute of the last two days
+        that changed a workflow's totals, and the first minute of every hour."""
+        lines: list[str] = []
+        sample_id = 0
+        last_minute = int((now - self.since) // 60)
+        for workflow in sorted(self.slots):
+            slots = self.slots[workflow]
+            running = slots.get(-1, [0] * (N_BUCKETS + 11))
+            fine_from = int((now - FINE_SPAN - self.since) // 60)
+            for minute in range(last_minute + 1):
+                counts = slots.get(minute)
+                if counts is not None:
+                    running = [a + b for a, b in zip(running, counts, strict=True)]
+                at = self.since + minute * 60 + 59  # at the minute's end: all of it counted
+                hourly = int(at) % 3600 < 60
+                if at > now:
+                    break
+                if not (hourly or (counts is not None and minute >= fine_from)):
+                    continue
+                sample_id += 1
+                buckets = {
+                    label: running[N_BUCKETS + i] for i, label in enumerate(RUN_LABELS)
+                    if running[N_BUCKETS + i]
+                }  # fmt: skip
+                lines.append(
+                    f"{sample_id}\t{copy_text(workflow)}\t{ts(at)}\t{'t' if hourly else 'f'}"
+                    f"\t{running[N_ENQ]}\t{running[N_DONE]}\t{running[N_RETRY]}\t{running[N_DEAD]}"
+                    f"\t{jtext(buckets)}\t{running[N_SUM_MS]}"
+                )
+        return lines
+
+
 @dataclass
 class Rows:
     tasks: list[str]
@@ -174,6 +265,7 @@ class Generator:
         self.end = plan.now - 5
         self.start = self.end - SPAN
         self.totals: Counter[str] = Counter()
+        self.tally = Tally(plan.now)
 
     def chunks(self) -> Iterator[Rows]:
         rows = Rows([], [], [], [], [])
@@ -269,6 +361,7 @@ class Generator:
         elif status == DEAD and task_id % 10 < 8:
             workflow, kind = "demo.flaky", "flaky"
         payload = f'{{"n": {task_id}, "customer": "c-{task_id % 1000}"}}'
+        self.tally.add(workflow, created, N_ENQ)
         self.event(
             rows,
             task_id,
@@ -288,8 +381,10 @@ class Generator:
                     failed_at = claim_at + 0.01
                     self.lease(rows, task_id, claim, claim_at, ts(failed_at), "failed")
                     self.claim_failed(rows, task_id, worker, ts(failed_at), claim, last=False)
+                    self.tally.add(workflow, failed_at, N_RETRY)
                     claim_at = failed_at + 0.2
                     finished = max(finished, claim_at + 0.01)
+            self.tally.run(workflow, finished, finished - claim_at)
             f_at = ts(finished)
             self.lease(rows, task_id, claims, claim_at, f_at, "succeeded")
             self.event(
@@ -326,6 +421,7 @@ class Generator:
                 self.lease(rows, task_id, claim, claim_at, f_at, "failed")
                 last = claim == 3
                 self.claim_failed(rows, task_id, worker, f_at, claim, last=last)
+                self.tally.add(workflow, failed_at, N_DEAD if last else N_RETRY)
                 if not last:
                     claim_at = failed_at + 0.2 * claim
             attempts = token = 3
@@ -389,7 +485,19 @@ COLUMNS = {
     " draft_hash, draft_step, send_back_to, approver_group, approver_users, on_expiry,"
     " requested_by, created_at, expires_at, decided_by, decided_at, comment,"
     " decided_by_user_id, requested_by_user_id",
+    # Written after the tasks (Tally), not per chunk: see load.
+    "tasks_app_counter": "name, value",
+    "tasks_app_workflowsample": "id, workflow, taken_at, hourly, enqueued, succeeded, retried,"
+    " dead_lettered, run_buckets, run_ms",
 }
+# The tables of COLUMNS that Generator.chunks writes row by row.
+PER_TASK = (
+    "tasks_app_task",
+    "tasks_app_step",
+    "tasks_app_lease",
+    "tasks_app_event",
+    "approvals_approvalrequest",
+)
 FIELDS = {
     "tasks_app_task": "tasks",
     "tasks_app_step": "steps",
@@ -405,7 +513,7 @@ def load(dsn: str, n: int, *, seed: int = 1) -> dict[str, Any]:
     began = time.monotonic()
     the_plan = plan(n, seed, time.time())
     gen = Generator(the_plan)
-    tables = list(COLUMNS)
+    tables = list(PER_TASK)
     written: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="bench-console-data-") as folder:
         # One connection runs one COPY at a time: the rows are generated in one pass and
@@ -422,21 +530,33 @@ def load(dsn: str, n: int, *, seed: int = 1) -> dict[str, Any]:
         finally:
             for handle in files.values():
                 handle.close()
+        # The counters and the workflow figures' samples of that history.
+        rollup = {
+            "tasks_app_counter": gen.tally.counter_lines(),
+            "tasks_app_workflowsample": gen.tally.sample_lines(the_plan.now),
+        }
+        for table, lines in rollup.items():
+            with spools.setdefault(table, Path(folder, f"{table}.copy")).open("w") as spool:
+                spool.write("".join(line + "\n" for line in lines))
+            written[table] = len(lines)
         generated = time.monotonic() - began
         with psycopg.connect(dsn, connect_timeout=10) as conn, conn.cursor() as cur:
             cur.execute("SET synchronous_commit = off")
-            # COPY FREEZE wants its table truncated in the same transaction.
-            cur.execute("TRUNCATE " + ", ".join(tables) + " CASCADE")
-            for table in tables:
+            # COPY FREEZE wants its table truncated in the same transaction. The events refuse
+            # a TRUNCATE unless this transaction allows it (migration 0016's trigger).
+            cur.execute("SET LOCAL tasks_app.allow_truncate = 'on'")
+            cur.execute("TRUNCATE " + ", ".join([*tables, *rollup]) + " CASCADE")
+            for table in [*tables, *rollup]:
                 sql = f"COPY {table} ({COLUMNS[table]}) FROM STDIN WITH (FREEZE)"
                 with cur.copy(sql) as cp, spools[table].open("rb") as source:
                     while block := source.read(1 << 20):
                         cp.write(block)
                 # The identity sequence past the rows, so later inserts work.
-                cur.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"  # noqa: S608 (a table of COLUMNS)
-                    f" coalesce(max(id), 0) + 1, false) FROM {table}"
-                )
+                if table != "tasks_app_counter":  # keyed by name
+                    cur.execute(
+                        f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"  # noqa: S608 (a table of COLUMNS)
+                        f" coalesce(max(id), 0) + 1, false) FROM {table}"
+                    )
             conn.commit()
         copied = time.monotonic() - began - generated
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:

@@ -31,7 +31,16 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-PAGES = {"overview": "/", "tasks": "/tasks/", "metrics": "/metrics"}
+PAGES = {
+    "overview": "/",
+    "tasks": "/tasks/",
+    "metrics": "/metrics",
+    # The day's figures (the default window); one workflow's page for the one with dead
+    # letters and retries in the data set (bench/dataset.py).
+    "workflows": "/workflows/",
+    "workflow": "/workflows/demo.flaky/",
+    "dead_groups": "/dead/groups/",
+}
 USERNAME = "bench-console"
 EXPLAINED = 3  # the slowest SELECTs of the captured request that get a plan
 PLAN_CHARS = 4000

@@ -46,6 +46,9 @@ CONSOLE_PAGES = {
     "overview": "Overview (`GET /`)",
     "tasks": "Tasks, first page (`GET /tasks/`)",
     "metrics": "Metrics (`GET /metrics`)",
+    "workflows": "Workflows (`GET /workflows/`)",
+    "workflow": "One workflow (`GET /workflows/demo.flaky/`)",
+    "dead_groups": "Dead letters by cause (`GET /dead/groups/`)",
 }
 CONSOLE_BOUND = 1.5  # the large set's time over the small set's, per page
 

@@ -5,10 +5,14 @@ No chart library and no inline style: shapes carry classes the stylesheet colour
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from tasks_app.selectors import MinuteCount, StepRow
+
+from .presenters import moment
 
 WIDTH = 720
 BAR_AREA_HEIGHT = 120
@@ -23,6 +27,8 @@ class Bar:
     width: float
     height: float
     label: str
+    # Which series it draws (a class the stylesheet colours), in a chart of several.
+    series: str = ""
 
 
 @dataclass(frozen=True)
@@ -38,29 +44,163 @@ class BarChart:
 
 def throughput_chart(minutes: list[MinuteCount]) -> BarChart:
     """One bar per minute, scaled to the busiest minute."""
-    peak = max((m.count for m in minutes), default=0)
-    step = WIDTH / max(len(minutes), 1)
-    bars = []
-    for i, minute in enumerate(minutes):
-        height = BAR_AREA_HEIGHT * minute.count / peak if peak else 0
-        bars.append(
-            Bar(
-                x=round(i * step + 1, 1),
-                y=round(BAR_AREA_HEIGHT - height, 1),
-                width=round(max(step - 2, 1), 1),
-                height=round(height, 1),
-                label=f"{minute.minute:%H:%M} UTC: {minute.count} succeeded",
-            )
+    slots = [
+        Slot(
+            minute.minute,
+            {"": minute.count},
+            f"{minute.minute:%H:%M} UTC: {minute.count} succeeded",
         )
+        for minute in minutes
+    ]
+    return bar_chart(slots, series=[""])
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One place on a bar chart's time axis: a count per series (None: nothing known),
+    and what hovering it says."""
+
+    start: datetime
+    counts: dict[str, int | None]
+    label: str
+
+
+def bar_chart(slots: Sequence[Slot], *, series: Sequence[str]) -> BarChart:
+    """One group of bars per slot, a bar per series side by side, all scaled to the
+    largest count; a slot with nothing known gets no bar."""
+    values = [n for slot in slots for n in slot.counts.values() if n is not None]
+    peak = max(values, default=0)
+    step = WIDTH / max(len(slots), 1)
+    width = max((step - 2) / max(len(series), 1), 1)
+    bars = []
+    for i, slot in enumerate(slots):
+        for j, name in enumerate(series):
+            count = slot.counts.get(name)
+            if count is None:
+                continue
+            height = BAR_AREA_HEIGHT * count / peak if peak else 0
+            bars.append(
+                Bar(
+                    x=round(i * step + 1 + j * width, 1),
+                    y=round(BAR_AREA_HEIGHT - height, 1),
+                    width=round(width, 1),
+                    height=round(height, 1),
+                    label=slot.label,
+                    series=name,
+                )
+            )
     return BarChart(
         width=WIDTH,
         height=BAR_AREA_HEIGHT,
         bars=bars,
         peak=peak,
-        total=sum(m.count for m in minutes),
-        first=minutes[0].minute if minutes else None,
-        last=minutes[-1].minute if minutes else None,
+        total=sum(values),
+        first=slots[0].start if slots else None,
+        last=slots[-1].start if slots else None,
     )
+
+
+# --- a line per percentile, on a log scale ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    series: str
+    # SVG polyline points, "x,y x,y"; a line breaks where a value is missing.
+    runs: list[str]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A slot's hover target: the full height of the chart, over its x range."""
+
+    x: float
+    width: float
+    label: str
+
+
+@dataclass(frozen=True)
+class LineChart:
+    width: int
+    height: int
+    lines: list[Line]
+    # Horizontal grid lines at each power of ten, top to bottom, with their labels.
+    grid: list[tuple[float, str]]
+    columns: list[Column]
+    first: datetime | None
+    last: datetime | None
+
+    @property
+    def empty(self) -> bool:
+        return not any(line.runs for line in self.lines)
+
+
+def log_lines(
+    starts: Sequence[datetime], values: Mapping[str, Sequence[float | None]], labels: Sequence[str]
+) -> LineChart:
+    """A line per series over the slots ``starts``, on a scale of powers of ten from below
+    the smallest value to above the largest (two decades at least). A value past the last
+    histogram bound (infinite) is drawn at the top."""
+    finite = [v for vs in values.values() for v in vs if v is not None and 0 < v < math.inf]
+    low = math.floor(math.log10(min(finite))) if finite else -2
+    high = math.ceil(math.log10(max(finite))) if finite else 0
+    if any(v == math.inf for vs in values.values() for v in vs):
+        high = max(high, math.ceil(math.log10(300)))
+    high = max(high, low + 2)
+    step = WIDTH / max(len(starts), 1)
+
+    def y_of(value: float) -> float:
+        if value == math.inf:
+            return 0.0
+        scaled = (math.log10(max(value, 10.0**low)) - low) / (high - low)
+        return round(BAR_AREA_HEIGHT * (1 - scaled), 1)
+
+    lines = []
+    for name, series in values.items():
+        runs: list[str] = []
+        run: list[str] = []
+        for i, value in enumerate(series):
+            if value is None:
+                if run:
+                    runs.append(" ".join(run))
+                run = []
+                continue
+            run.append(f"{round(i * step + step / 2, 1)},{y_of(value)}")
+        if run:
+            runs.append(" ".join(run))
+        # A lone point is drawn as a short flat stroke around it.
+        lines.append(Line(name, [_widen(r, step / 4) for r in runs]))
+    grid = [
+        (round(BAR_AREA_HEIGHT * (high - power) / (high - low), 1), _power_label(power))
+        for power in range(high, low - 1, -1)
+    ]
+    columns = [Column(round(i * step, 1), round(step, 1), label) for i, label in enumerate(labels)]
+    return LineChart(
+        width=WIDTH,
+        height=BAR_AREA_HEIGHT,
+        lines=lines,
+        grid=grid,
+        columns=columns,
+        first=starts[0] if starts else None,
+        last=starts[-1] if starts else None,
+    )
+
+
+def _power_label(power: int) -> str:
+    """A grid line's label: ``10 ms``, ``1 s``, ``1000 s``."""
+    return f"{10.0 ** (power + 3):g} ms" if power < 0 else f"{10.0**power:g} s"
+
+
+def _widen(run: str, half: float) -> str:
+    if " " in run:
+        return run
+    x, y = run.split(",")
+    return f"{round(float(x) - half, 1)},{y} {round(float(x) + half, 1)},{y}"
+
+
+def slot_label(start: datetime, end: datetime) -> str:
+    """A slot's span as hovering it shows it, the times with their zone."""
+    return f"{moment(start)[0]} to {moment(end)[0]}"
 
 
 @dataclass(frozen=True)

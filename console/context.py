@@ -16,6 +16,9 @@ SECTIONS = {
     "decide": "approvals",
     "queues": "queues",
     "audit": "audit",
+    "workflows": "workflows",
+    "workflow": "workflows",
+    "workflow_causes": "workflows",
 }
 
 

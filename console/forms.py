@@ -20,6 +20,7 @@ from tasks_app.exceptions import InvalidInput
 from tasks_app.lists import AuditFilter, DeadFilter, TaskFilter, workflow_names
 from tasks_app.models import EventKind, TaskStatus
 from tasks_app.task_actions import ACTIONS
+from tasks_app.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
 
 
 def _choices(values: list[str], blank: str = "any") -> list[tuple[str, str]]:
@@ -171,15 +172,27 @@ class AuditFilterForm(_Filter):
             "min_value": "after: a whole number from %(limit_value)s",
         },
     )
+    task = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="Task id",
+        widget=forms.TextInput({"inputmode": "numeric", "size": 8}),
+        error_messages={
+            "invalid": "task: a task id, a whole number",
+            "min_value": "task: a task id, a whole number from %(limit_value)s",
+        },
+    )
     actor = forms.CharField(
         required=False,
         max_length=150,
+        help_text="The start of the name, in any case",
         error_messages={"max_length": "actor: at most %(limit_value)d characters"},
     )
     kind = forms.ChoiceField(
         required=False,
         label="Action",
-        choices=_choices(EventKind.values),
+        # The labels people read (EventKind's), the kinds the query string carries.
+        choices=[("", "any"), *EventKind.choices],
         error_messages={"invalid_choice": "kind: %(value)r is not an event kind"},
     )
     workflow = forms.ChoiceField(
@@ -221,6 +234,7 @@ class AuditFilterForm(_Filter):
             actor=data.get("actor", ""),
             kind=data.get("kind", ""),
             workflow=data.get("workflow", ""),
+            task=data.get("task"),
             since=data.get("since"),
             until=data.get("until"),
             plan=data.get("plan", ""),
@@ -241,13 +255,15 @@ def named_errors(form: forms.Form) -> list[str]:
 
 
 class ReasonForm(forms.Form):
-    # Required by the services, which say so with the field's name.
+    # Required by the services, which say so with the field's name. The task page
+    # refreshes itself until the task has ended; it skips a refresh while a field of the
+    # region holds typed text (console.js), so nothing being written is lost.
     reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea({"rows": 2}))
 
 
 class CancelForm(ReasonForm):
-    # Offered while a task is at work, when its page refreshes itself: a reason being
-    # typed is kept across the refreshes.
+    # Offered while a task is at work, when its page refreshes every few seconds: a
+    # reason being typed is kept across the refreshes, which go on.
     reason = forms.CharField(
         required=False, max_length=2000, widget=forms.Textarea({"rows": 2, "hx-preserve": "true"})
     )
@@ -332,3 +348,17 @@ class DecisionForm(forms.Form):
         help_text="Required to reject or to request changes.",
     )
     draft_hash = forms.CharField(max_length=64, widget=forms.HiddenInput)
+
+
+class WindowForm(forms.Form):
+    """The span the workflow figures cover (``?window=hour|day|week``)."""
+
+    window = forms.ChoiceField(
+        required=False,
+        choices=[(name, window.label) for name, window in WINDOWS.items()],
+        error_messages={"invalid_choice": f"window: one of {', '.join(WINDOWS)}"},
+    )
+
+    def chosen(self) -> Window:
+        data = self.cleaned_data if self.is_valid() else {}
+        return WINDOWS[data.get("window") or DEFAULT_WINDOW]

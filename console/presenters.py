@@ -151,3 +151,17 @@ def _dotted(path: Path) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
     return text or "(payload)"
+
+
+def seconds(value: float | None) -> str:
+    """A run time as people read it: ``8 ms``, ``1.4 s``, ``42 s``, ``3.5 min``; past the
+    histogram's last bound (infinite), ``over 5 min``; "—" for none."""
+    if value is None:
+        return "—"
+    if value == float("inf"):
+        return "over 5 min"
+    if value < 1:
+        return f"{value * 1000:.3g} ms"
+    if value < 100:
+        return f"{value:.3g} s"
+    return f"{value / 60:.1f} min"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import record_views, review_views, views
+from . import record_views, review_views, views, workflow_views
 
 app_name = "console"
 
@@ -25,4 +25,7 @@ urlpatterns = [
     path("queues/<str:name>/resume/", record_views.queue_resume, name="queue_resume"),
     path("audit/", record_views.audit, name="audit"),
     path("audit/export.csv", record_views.audit_export, name="audit_export"),
+    path("workflows/", workflow_views.workflow_list, name="workflows"),
+    path("workflows/<str:name>/", workflow_views.workflow_detail, name="workflow"),
+    path("workflows/<str:name>/causes/", workflow_views.workflow_causes, name="workflow_causes"),
 ]

@@ -154,13 +154,20 @@ def _task_page(
         "resolve_form": _action_form("resolve_form"),
         "cancel_form": _action_form("cancel_form"),
         **(action_forms or {}),
-        "live": task.status in LIVE_STATUSES,
+        # Every few seconds while the task is at work; slower while it is dead (someone
+        # may redrive or cancel it elsewhere); not once it has ended.
+        "refresh": REFRESH_SECONDS.get(task.status),
     }
     return render_page(request, "console/task_detail.html", context, partial="task", status=status)
 
 
-# A task page in these states refreshes itself.
-LIVE_STATUSES = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING_APPROVAL)
+# How often a task page in each state refreshes itself, in seconds.
+REFRESH_SECONDS: dict[str, int] = {
+    TaskStatus.PENDING: 3,
+    TaskStatus.RUNNING: 3,
+    TaskStatus.WAITING_APPROVAL: 10,
+    TaskStatus.DEAD: 10,
+}
 
 
 # The task page's action forms share field names (the URL contract's ``reason``), so each
@@ -304,7 +311,6 @@ def dead_groups(request: ConsoleRequest) -> HttpResponse:
         "form": form,
         "groups": groups,
         "total": sum(group.count for group in groups),
-        "error_classes": lists.dead_error_classes(),
         "filter_query": form.filters_query(),
     }
     return render_page(request, "console/dead_groups.html", context, partial="groups")

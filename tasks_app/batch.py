@@ -24,7 +24,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection, models, transaction
 
-from . import counting, leases, oplog
+from . import leases
 from .access import SYSTEM
 from .counting import STEP_SECONDS_BUCKETS, bucket_label
 from .deadlines import bounded
@@ -32,7 +32,7 @@ from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
 from .leases import Claim
 from .lock_conflicts import retry_lock_conflicts
-from .models import Event, EventKind, Step, Task, TaskStatus
+from .models import EventKind, Step, Task, TaskStatus
 from .signals import announce_on_commit
 from .sql import (
     COMPLETE_SQL,
@@ -42,7 +42,7 @@ from .sql import (
     TASK_COLUMNS,
     claim_sql,
 )
-from .transitions import paused_filter, uses_sql
+from .transitions import paused_filter, record_event, uses_sql
 
 if TYPE_CHECKING:
     from .enqueueing import PreparedItem
@@ -233,20 +233,18 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
             row[1]: _from_row(Task, TASK_COLUMNS, row[3:]) for row in rows if row[0] == "settled"
         }
         announce_on_commit(((pk, task.status) for pk, task in settled.items()), rows=settled)
-        # The statement's one event the operational log carries and the metrics count, as
-        # complete_step logs and counts it (through record_event).
-        cancelled = sum(task.status == TaskStatus.CANCELLED for task in settled.values())
-        counting.add({f"{counting.EVENT}:{EventKind.CANCELLED}": cancelled})
-        for pk, task in settled.items():
+        # A task whose cancel was requested while its step ran ends with `cancelled`, after
+        # its `succeeded`, as complete_step writes it: an operator event, so it joins the
+        # audit chain (record_event also logs and counts it). Rare: most batches have none.
+        for pk, task in sorted(settled.items()):
             if task.status == TaskStatus.CANCELLED:
-                event = Event(
+                record_event(
+                    EventKind.CANCELLED,
                     task_id=pk,
-                    kind=EventKind.CANCELLED,
                     actor=SYSTEM,
                     reason=leases.CANCELLED_WHILE_RUNNING,
-                    data={},
+                    task=task,
                 )
-                oplog.log_event(event, task=task)
     return held
 
 

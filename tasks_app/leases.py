@@ -188,7 +188,8 @@ def complete_step(claim: Claim, result: Any) -> bool:
             step.save(update_fields=["status", "result", "finished_at", "lease_expires_at"])
             release_lease(step, claim.token, Lease.Outcome.SUCCEEDED)
             if step.started_at is not None:
-                counting.add(counting.step_seconds([(now - step.started_at).total_seconds()]))
+                seconds = (now - step.started_at).total_seconds()
+                counting.add(counting.step_seconds([seconds], task.workflow))
             due: list[Step] = []
             reached = None
             if task.cancel_requested_at is None:

@@ -20,7 +20,6 @@ from .models import (
     Step,
     StepStatus,
     Task,
-    TaskStatus,
 )
 from .workflows import registry
 
@@ -52,7 +51,7 @@ def keyset_page[M: Task | Event | Step](
 def _key_of(row: Any, key: str) -> int:
     value = row
     for part in key.split("__"):
-        value = getattr(value, part if part != "task" else "task_id")
+        value = getattr(value, part)
     return int(value)
 
 
@@ -188,7 +187,7 @@ def dead_letter_page(filters: DeadFilter, *, after: int | None) -> Page[Step]:
     steps = Step.objects.filter(
         _dead_steps(filters), task__in=dead_tasks(filters).values("pk")
     ).select_related("task")
-    return keyset_page(steps, after=after, key="task")
+    return keyset_page(steps, after=after, key="task_id")
 
 
 @dataclass(frozen=True)
@@ -216,53 +215,54 @@ class DeadGroup:
 def dead_groups(filters: DeadFilter) -> list[DeadGroup]:
     """The dead letters matching ``filters`` grouped by cause, the largest group first.
 
-    Three reads, none per group: the groups from the dead steps' cause index, the
-    workflows of each, and one example step each (the newest task's)."""
-    steps = Step.objects.filter(_dead_steps(filters), task__status=TaskStatus.DEAD)
+    Two reads, none per group: the dead steps by cause and workflow, from the dead steps'
+    cause index alone (a dead step's task is dead: it holds no other current step), then
+    one example step per cause (the newest task's)."""
+    steps = Step.objects.filter(_dead_steps(filters))
     if filters.workflow:
-        steps = steps.filter(task__workflow=filters.workflow)
+        steps = steps.filter(dead_workflow=filters.workflow)
     if filters.queue:
         steps = steps.filter(queue=filters.queue)
-    rows = list(
-        steps.values("error_fingerprint")
-        .annotate(
-            count=Count("pk"),
-            first_seen=Min("finished_at"),
-            last_seen=Max("finished_at"),
-            newest_task=Max("task_id"),
-        )
-        .order_by("-count", "error_fingerprint")
+    parts = steps.values_list("error_fingerprint", "dead_workflow").annotate(
+        count=Count("*"),
+        first_seen=Min("finished_at"),
+        last_seen=Max("finished_at"),
+        newest_task=Max("task_id"),
     )
-    workflows: dict[str, list[str]] = {}
-    for cause, workflow in (
-        steps.values_list("error_fingerprint", "task__workflow")
-        .distinct()
-        .order_by("error_fingerprint", "task__workflow")
-    ):
-        workflows.setdefault(cause, []).append(workflow)
+    causes: dict[str, dict[str, Any]] = {}
+    for cause, workflow, count, first_seen, last_seen, newest_task in parts.order_by():
+        group = causes.setdefault(
+            cause, {"count": 0, "workflows": [], "seen": [], "newest_task": 0}
+        )
+        group["count"] += count
+        group["workflows"].append(workflow)
+        group["seen"] += [moment for moment in (first_seen, last_seen) if moment is not None]
+        group["newest_task"] = max(group["newest_task"], newest_task)
     examples = {
         (step.error_fingerprint, step.task_id): step
-        for step in steps.filter(task_id__in=[row["newest_task"] for row in rows]).select_related(
-            "task"
-        )
+        for step in steps.filter(
+            task_id__in=[group["newest_task"] for group in causes.values()]
+        ).select_related("task")
     }
-    return [
+    groups = [
         DeadGroup(
-            fingerprint=row["error_fingerprint"],
-            count=row["count"],
-            workflows=workflows.get(row["error_fingerprint"], []),
-            first_seen=row["first_seen"],
-            last_seen=row["last_seen"],
-            example=examples[(row["error_fingerprint"], row["newest_task"])],
+            fingerprint=cause,
+            count=group["count"],
+            workflows=sorted(group["workflows"]),
+            first_seen=min(group["seen"], default=None),
+            last_seen=max(group["seen"], default=None),
+            example=examples[(cause, group["newest_task"])],
         )
-        for row in rows
+        for cause, group in causes.items()
     ]
+    return sorted(groups, key=lambda group: (-group.count, group.fingerprint))
 
 
 def dead_error_classes() -> list[str]:
-    """The error classes of today's dead letters, for the filter's choices."""
+    """The error classes of today's dead letters, for the filter's choices: from the dead
+    steps' cause index alone (a dead step's task is dead)."""
     return list(
-        Step.objects.filter(status=StepStatus.DEAD, task__status=TaskStatus.DEAD)
+        Step.objects.filter(status=StepStatus.DEAD)
         .values_list("error_class", flat=True)
         .distinct()
         .order_by("error_class")
@@ -274,9 +274,12 @@ def dead_error_classes() -> list[str]:
 
 @dataclass(frozen=True)
 class AuditFilter:
+    # The start of the actor's name, in any case.
     actor: str = ""
     kind: str = ""
     workflow: str = ""
+    # The events of one task.
+    task: int | None = None
     since: datetime | None = None
     until: datetime | None = None
     # The events of one bulk action (each carries its plan's id).
@@ -284,7 +287,18 @@ class AuditFilter:
 
 
 def audit_events(filters: AuditFilter) -> QuerySet[Event]:
-    queryset = _matching(Event.objects.all(), actor=filters.actor, kind=filters.kind)
+    """Events matching ``filters``. The actor is a prefix in any case (``UPPER(actor) LIKE
+    'OLI%'`` with the user's ``%`` and ``_`` escaped), served on PostgreSQL by
+    ``event_audit_actor_prefix_idx``, which holds operator actions only: so unless an
+    action is chosen, the actor filter lists operator actions, the ones people (and the
+    system on their behalf) take; the workers' own events are found by their action."""
+    queryset = _matching(Event.objects.all(), kind=filters.kind)
+    if filters.task is not None:
+        queryset = queryset.filter(task_id=filters.task)
+    if filters.actor:
+        queryset = queryset.filter(actor__istartswith=filters.actor)
+        if not filters.kind:
+            queryset = queryset.filter(kind__in=sorted(OPERATOR_EVENT_KINDS))
     if filters.plan:
         # Operator actions (the audit indexes' own condition), then the plan in their data.
         queryset = queryset.filter(kind__in=sorted(OPERATOR_EVENT_KINDS), data__plan=filters.plan)

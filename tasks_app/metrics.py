@@ -32,9 +32,9 @@ from .counting import (
     COUNTED_EVENT_KINDS,
     ENQUEUED,
     EVENT,
-    STEP_SECONDS,
     STEP_SECONDS_BUCKETS,
     bucket_label,
+    step_seconds_histogram,
 )
 from .models import Counter as CounterRow
 from .models import Step, StepStatus, Task
@@ -168,16 +168,17 @@ def history() -> Iterator[Metric]:
         events_pruned.add_metric([pruned_kind], n)
     yield from (events, events_pruned)
 
-    buckets = _labelled(totals, f"{STEP_SECONDS}:le=")
+    # Kept per workflow (for the workflow figures), reported for all workflows together.
+    run_times = step_seconds_histogram(totals)
     cumulative, upto = [], 0
     for bound in (*STEP_SECONDS_BUCKETS, math.inf):
-        upto += buckets.get(bucket_label(bound), 0)
+        upto += run_times.buckets.get(bucket_label(bound), 0)
         cumulative.append(("+Inf" if math.isinf(bound) else f"{bound:g}", upto))
     yield HistogramMetricFamily(
         "tasks_step_duration_seconds",
         "Seconds from claim to success of the steps that succeeded.",
         buckets=cumulative,
-        sum_value=totals.get(f"{STEP_SECONDS}:sum_ms", 0) / 1000,
+        sum_value=run_times.sum_ms / 1000,
     )
 
 

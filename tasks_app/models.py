@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from .fingerprints import fingerprint
 
@@ -206,11 +207,13 @@ class Step(models.Model):
     result = models.JSONField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     error_class = models.CharField(max_length=200, blank=True)
-    # The cause of the step's death (``tasks_app.fingerprints``), set by ``save`` whenever
-    # it is saved dead; read only while the step is dead (a redrive leaves it behind).
-    # The database's default serves inserts that do not name it (enqueue's SQL, the code
-    # of the release before during a rolling deploy).
+    # The cause of the step's death (``tasks_app.fingerprints``) and its task's workflow,
+    # set by ``save`` whenever it is saved dead, so the dead letters group by cause and
+    # workflow from one index; read only while the step is dead (a redrive leaves them
+    # behind). The database's default serves inserts that do not name them (enqueue's
+    # SQL, the code of the release before during a rolling deploy).
     error_fingerprint = models.CharField(max_length=16, blank=True, default="", db_default="")
+    dead_workflow = models.CharField(max_length=100, blank=True, default="", db_default="")
     # Set on the first row of a revision: the reviewer's comment and the draft it replaces,
     # for the handler that writes the next draft.
     change_request = models.JSONField(null=True, blank=True)
@@ -250,13 +253,19 @@ class Step(models.Model):
                 name="step_dead_idx",
                 condition=Q(status="dead"),
             ),
-            # Dead letters grouped by cause (``/dead/groups/``) and filtered by one, from
-            # the index alone: only dead rows have entries.
+            # Dead letters grouped by cause and workflow (``/dead/groups/``), and filtered
+            # by cause, from the index alone: only dead rows have entries.
             models.Index(
-                fields=["error_fingerprint", "finished_at"],
+                fields=["error_fingerprint", "dead_workflow", "finished_at"],
                 name="step_dead_cause_idx",
                 condition=Q(status="dead"),
-                include=["task"],
+                include=["task", "queue", "error_class"],
+            ),
+            # The dead-letter list, newest task first, a page at a time.
+            models.Index(
+                fields=["-task"],
+                name="step_dead_task_idx",
+                condition=Q(status="dead"),
             ),
             # The metrics' steps waiting for a worker that has their workflow version (a
             # rolling deploy: exceptions.AWAITING_VERSION); only those rows have entries.
@@ -271,13 +280,15 @@ class Step(models.Model):
         return f"step {self.pk} {self.kind} ({self.status})"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Saved dead, the step stores its cause's fingerprint (with ``update_fields``, the
-        fingerprint is added to them): every path that kills a step saves it."""
+        """Saved dead, the step stores its cause's fingerprint and its task's workflow
+        (with ``update_fields``, both are added to them): every path that kills a step
+        saves it."""
         if self.status == StepStatus.DEAD:
             self.error_fingerprint = fingerprint(self.error_class, self.last_error)
+            self.dead_workflow = self.task.workflow
             fields = kwargs.get("update_fields")
-            if fields is not None and "error_fingerprint" not in fields:
-                kwargs["update_fields"] = [*fields, "error_fingerprint"]
+            if fields is not None:
+                kwargs["update_fields"] = {*fields, "error_fingerprint", "dead_workflow"}
         super().save(*args, **kwargs)
 
 
@@ -313,25 +324,28 @@ class Lease(models.Model):
 
 
 class EventKind(models.TextChoices):
-    ENQUEUED = "enqueued"
-    CLAIMED = "claimed"
-    SUCCEEDED = "succeeded"
-    RETRY_SCHEDULED = "retry_scheduled"
-    LEASE_EXPIRED = "lease_expired"
-    CLAIM_RELEASED = "claim_released"
-    STALE_WRITE_REJECTED = "stale_write_rejected"
-    DEAD_LETTERED = "dead_lettered"
-    APPROVAL_REQUESTED = "approval_requested"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    CHANGES_REQUESTED = "changes_requested"
-    APPROVAL_EXPIRED = "approval_expired"
-    REDRIVEN = "redriven"
-    RESOLVED = "resolved"
-    CANCEL_REQUESTED = "cancel_requested"
-    CANCELLED = "cancelled"
-    QUEUE_PAUSED = "queue_paused"
-    QUEUE_RESUMED = "queue_resumed"
+    """What happened, and how people read it: the labels are the audit log's and its
+    export's (``get_kind_display``, ``EventKind(kind).label``), in one place."""
+
+    ENQUEUED = "enqueued", "Enqueued"
+    CLAIMED = "claimed", "Claimed"
+    SUCCEEDED = "succeeded", "Succeeded"
+    RETRY_SCHEDULED = "retry_scheduled", "Retry scheduled"
+    LEASE_EXPIRED = "lease_expired", "Lease expired"
+    CLAIM_RELEASED = "claim_released", "Claim released"
+    STALE_WRITE_REJECTED = "stale_write_rejected", "Stale write rejected"
+    DEAD_LETTERED = "dead_lettered", "Dead-lettered"
+    APPROVAL_REQUESTED = "approval_requested", "Approval requested"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    CHANGES_REQUESTED = "changes_requested", "Changes requested"
+    APPROVAL_EXPIRED = "approval_expired", "Approval expired"
+    REDRIVEN = "redriven", "Redriven"
+    RESOLVED = "resolved", "Marked resolved"
+    CANCEL_REQUESTED = "cancel_requested", "Cancel requested"
+    CANCELLED = "cancelled", "Cancelled"
+    QUEUE_PAUSED = "queue_paused", "Queue paused"
+    QUEUE_RESUMED = "queue_resumed", "Queue resumed"
 
 
 # Operator actions: kept for the longer audit retention.
@@ -383,6 +397,11 @@ class Event(models.Model):
     an event never needs an UPDATE when those rows are pruned or deleted.
     ``data["steps"]`` holds the new ``[status, attempts, fencing_token]`` of every step the
     transition changed; :func:`tasks_app.history.fold` replays them.
+
+    Operator actions (``OPERATOR_EVENT_KINDS``) are chained (``tasks_app.audit_chain``):
+    ``chain_hash`` is the SHA-256 of the event's canonical form, which includes
+    ``chain_previous``, the hash of the operator event before it. Other events leave both
+    empty.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -393,7 +412,14 @@ class Event(models.Model):
     actor_user_id = models.IntegerField(null=True, blank=True)
     reason = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # A default rather than ``auto_now_add``, which would overwrite the moment the audit
+    # chain hashed before the insert; nothing else sets it.
+    created_at = models.DateTimeField(default=timezone.now, editable=False, blank=True)
+    # NULL, not "", outside the chain: worker events and those from before it began.
+    chain_previous = models.CharField(  # noqa: DJ001
+        max_length=64, null=True, blank=True, editable=False
+    )
+    chain_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)  # noqa: DJ001
 
     objects: ClassVar[EventQuerySet] = EventQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -403,15 +429,20 @@ class Event(models.Model):
             # A task's timeline, in order.
             models.Index(fields=["task_id", "id"], name="event_task_idx"),
             # The audit log: operator actions by time and by actor. Partial, so the many
-            # worker events (claimed, succeeded, ...) pay for neither index.
+            # worker events (claimed, succeeded, ...) pay for none of these indexes.
             models.Index(
                 fields=["created_at"],
                 name="event_audit_created_idx",
                 condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
             ),
+            # (The actor filter, a prefix in any case, ``UPPER(actor) LIKE 'OLI%'``, is
+            # served by event_audit_actor_prefix_idx: PostgreSQL's only, built by
+            # migration 0016 and not declared here.)
+            # The audit chain: its head (the newest operator event) and its walk in id
+            # order; the audit log's newest operator actions of one kind.
             models.Index(
-                fields=["actor", "created_at"],
-                name="event_audit_actor_idx",
+                fields=["id"],
+                name="event_operator_idx",
                 condition=Q(kind__in=sorted(OPERATOR_EVENT_KINDS)),
             ),
             # The overview's retries, dead letters and lease expiries of the last hour:
@@ -436,6 +467,45 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AppendOnlyError("events are append-only: DELETE belongs to retention")
+
+
+class AuditCheckpointQuerySet(models.QuerySet["AuditCheckpoint"]):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnlyError("audit checkpoints are append-only: UPDATE is refused")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("audit checkpoints are append-only: DELETE is refused")
+
+
+class AuditCheckpoint(models.Model):
+    """Written by retention before it deletes chained events (``tasks_app.audit_chain``):
+    the chain is sealed up to ``last_event_id``, whose hash was ``last_hash``; ``kept``
+    lists ``[id, hash]`` of the chained events up to there still stored (those of tasks
+    still kept), so verification starts here. Append-only, like events."""
+
+    last_event_id = models.BigIntegerField()
+    last_hash = models.CharField(max_length=64)
+    kept = models.JSONField(default=list, blank=True)
+    # Chained events this checkpoint's prune deleted.
+    pruned_count = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now, editable=False, blank=True)
+
+    objects: ClassVar[AuditCheckpointQuerySet] = AuditCheckpointQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"audit checkpoint at event {self.last_event_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding or kwargs.get("force_update") or kwargs.get("update_fields"):
+            raise AppendOnlyError("audit checkpoints are append-only: UPDATE is refused")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("audit checkpoints are append-only: DELETE is refused")
 
 
 class PayloadSearch(models.Model):
@@ -534,3 +604,40 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} {self.name}"
+
+
+class WorkflowSample(models.Model):
+    """One workflow's counters (``tasks_app.counting``) as they stood at a moment: the
+    roll-up the workflow figures read (``tasks_app.workflow_figures``). The sweeper takes
+    one per workflow a minute; a figure over a window is the difference between two
+    samples, so what it costs to read follows the number of workflows, not the history."""
+
+    id = models.BigAutoField(primary_key=True)
+    workflow = models.CharField(max_length=100)
+    # The database's clock when the counters were read.
+    taken_at = models.DateTimeField()
+    # The first sample of the workflow in its clock hour: kept once the others of that hour
+    # are thinned away (the week reads these alone).
+    hourly = models.BooleanField(default=False)
+    # Since the start: tasks enqueued, steps that succeeded (the run-time histogram's
+    # count), retries scheduled and dead letters.
+    enqueued = models.PositiveBigIntegerField(default=0)
+    succeeded = models.PositiveBigIntegerField(default=0)
+    retried = models.PositiveBigIntegerField(default=0)
+    dead_lettered = models.PositiveBigIntegerField(default=0)
+    # The run-time histogram of the succeeded steps: non-cumulative counts by bucket label
+    # (``counting.bucket_label``, "inf" past the last bound), and the times' sum.
+    run_buckets = models.JSONField(default=dict, blank=True)
+    run_ms = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["workflow", "taken_at"]
+        indexes = [
+            # The samples of a window, by workflow and time; the latest sample (when to
+            # take the next) and thinning, by time.
+            models.Index(fields=["workflow", "taken_at"], name="workflow_sample_idx"),
+            models.Index(fields=["taken_at"], name="workflow_sample_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} at {self.taken_at:%Y-%m-%d %H:%M}"

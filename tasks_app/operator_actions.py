@@ -216,13 +216,6 @@ def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
         state.changed_by = who
         state.reason = reason
         state.save()
-        record_event(
-            EventKind.QUEUE_PAUSED if paused else EventKind.QUEUE_RESUMED,
-            task_id=None,
-            actor=actor,
-            reason=reason,
-            queue=queue,
-        )
         if not paused:
             now = db_now()
             due = list(
@@ -233,6 +226,15 @@ def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
             )
             Step.objects.filter(pk__in=due).update(dispatched_at=now)
             ring_on_commit([Doorbell(pk, queue) for pk in due])
+        # Last: the audit chain's lock is the last one a transaction takes, so nothing
+        # holding it waits for a step row (audit_chain).
+        record_event(
+            EventKind.QUEUE_PAUSED if paused else EventKind.QUEUE_RESUMED,
+            task_id=None,
+            actor=actor,
+            reason=reason,
+            queue=queue,
+        )
 
 
 def paused_queues() -> list[str]:

@@ -13,7 +13,9 @@ On PostgreSQL the append-only trigger lets a DELETE of events through only insid
 transaction that set ``tasks_app.retention`` locally; the setting dies with the
 transaction. Every deletion of events adds how many went, per kind, to the counter
 ``events_pruned:<kind>`` in the same transaction, so a count of events by kind (the
-stored events plus that counter) never goes down when history is pruned.
+stored events plus that counter) never goes down when history is pruned. Before operator
+events go, the audit chain is sealed with a checkpoint
+(``audit_chain.seal_before_deleting``), so it still verifies without them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, QuerySet
 
-from . import counting
+from . import audit_chain, counting
 from .models import OPERATOR_EVENT_KINDS, Event, Step, Task, TaskStatus
 from .transitions import db_now
 
@@ -59,12 +61,27 @@ def delete_events_by_kind(event_ids: Sequence[int]) -> dict[str, int]:
 
     ``RETURNING`` counts only the rows this statement deleted: two prunes racing for the
     same events tally each event once.
+
+    Operator events are chained (``audit_chain``): before any of them goes, the chain is
+    verified up to the newest of them and a checkpoint written, in the same transaction.
+    A chain that does not verify is not sealed over: its events stay (the others go), and
+    the break is logged for an auditor (``manage.py verify_audit`` names it).
     """
     if not event_ids:
         return {}
     table = Event._meta.db_table
     deleted: collections.Counter[str] = collections.Counter()
     with transaction.atomic(), connection.cursor() as cursor:
+        try:
+            audit_chain.seal_before_deleting(event_ids)
+        except audit_chain.ChainBroken as exc:
+            logger.error(
+                "the audit chain is broken at %s: its events are kept, not pruned, until "
+                "an auditor looks (manage.py verify_audit)",
+                exc,
+            )
+            chained = audit_chain.chained_among(event_ids)
+            event_ids = [pk for pk in event_ids if pk not in chained]
         if connection.vendor == "postgresql":
             cursor.execute("SET LOCAL tasks_app.retention = 'on'")
         for start in range(0, len(event_ids), DELETE_CHUNK):

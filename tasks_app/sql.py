@@ -32,8 +32,8 @@ def _count_into(select: str) -> str:
 STEP_COLUMNS = (
     "id", "task_id", "position", "revision", "kind", "status", "queue", "priority", "attempts",
     "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
-    "dispatched_at", "result", "last_error", "error_class", "error_fingerprint", "change_request",
-    "started_at", "finished_at",
+    "dispatched_at", "result", "last_error", "error_class", "error_fingerprint", "dead_workflow",
+    "change_request", "started_at", "finished_at",
 )  # fmt: skip
 TASK_COLUMNS = (
     "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",
@@ -141,7 +141,9 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 # is transitions.settle_task's, the steps triple transitions.step_state's.
 # One statement after the tasks are locked: fenced success for every step still held by
 # its token, leases released, the next step of each task made due (unless a cancel was
-# requested), task status settled, and one `succeeded` event per step (plus `cancelled`).
+# requested), task status settled, and one `succeeded` event per step. The `cancelled`
+# event of a task whose cancel was requested meanwhile is an operator event, chained
+# (audit_chain): batch.complete_many writes it after this statement, as complete_step does.
 # The task columns of a row that is not a settled task's (typed by the first branch).
 _NO_TASK = ", ".join(["NULL"] * len(TASK_COLUMNS))
 COMPLETE_SQL = f"""
@@ -176,12 +178,11 @@ WITH input AS (
     WHERE t.id = done.task_id
     RETURNING {", ".join(f"t.{name}" for name in TASK_COLUMNS)}
 ), events AS (
-    -- A task's `succeeded` comes before its `cancelled`: ids follow the ORDER BY.
     INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
     SELECT task_id, step_id, kind, actor, NULL, reason, data, statement_timestamp()
     FROM (
         SELECT done.task_id, done.id AS step_id, 'succeeded' AS kind, i.actor,
-               '' AS reason, 0 AS ord,
+               '' AS reason,
                jsonb_build_object(
                    'steps',
                    jsonb_build_object(
@@ -194,27 +195,27 @@ WITH input AS (
         FROM done JOIN input i ON i.id = done.id AND i.token = done.fencing_token
              JOIN settled ON settled.id = done.task_id
              LEFT JOIN nxt ON nxt.task_id = done.task_id
-        UNION ALL
-        SELECT settled.id, NULL, 'cancelled', 'system', 'cancel requested while the step ran', 1,
-               '{{}}'::jsonb
-        FROM settled WHERE settled.status = 'cancelled'
     ) AS e
-    ORDER BY task_id, ord
+    ORDER BY task_id
 ), timed AS (
-    -- counting.bucket_of: each run's bucket (the smallest bound it fits), and the sum.
-    SELECT extract(epoch FROM statement_timestamp() - started_at)::float8 AS seconds FROM done
+    -- counting.bucket_of: each run's bucket (the smallest bound it fits), and the sum, per
+    -- workflow (counting.step_seconds_name), the workflow read from the settled task row.
+    SELECT settled.workflow,
+           extract(epoch FROM statement_timestamp() - done.started_at)::float8 AS seconds
+    FROM done JOIN settled ON settled.id = done.task_id
 ), counted AS ({
     _count_into(f"""
     -- The number of bounds at or above the run time, counted by width_bucket over the
     -- bounds negated (ascending): the run's bucket is the smallest of them, or none.
-    SELECT '{STEP_SECONDS}:le=' || COALESCE(
+    SELECT '{STEP_SECONDS}@' || timed.workflow || ':le=' || COALESCE(
                (%(labels)s::text[])[cardinality(%(labels)s::text[]) + 1
                                    - width_bucket(-timed.seconds, %(negated_bounds)s::float8[])],
                'inf'
            ) AS name, count(*) AS n
     FROM timed GROUP BY 1
     UNION ALL
-    SELECT '{STEP_SECONDS}:sum_ms', round(sum(seconds) * 1000)::bigint FROM timed""")
+    SELECT '{STEP_SECONDS}@' || workflow || ':sum_ms', round(sum(seconds) * 1000)::bigint
+    FROM timed GROUP BY workflow""")
 }
 )
 SELECT 'settled', id, status, {", ".join(TASK_COLUMNS)}

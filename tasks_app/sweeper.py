@@ -13,7 +13,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import presence, retention
+from . import presence, retention, workflow_figures
 from .access import SWEEPER
 from .dispatch import Doorbell, ring_on_commit
 from .exceptions import LEASE_EXPIRED
@@ -59,6 +59,9 @@ def register_sweep_job(name: str, job: SweepJob) -> None:
 # operator events past the audit retention per sweep (tasks_app.retention).
 register_sweep_job("pruned", retention.sweep_tasks)
 register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
+# About once a minute, each workflow's counters into the workflow figures' roll-up
+# (tasks_app.workflow_figures); always reported as 0, sampling being upkeep.
+register_sweep_job("workflow_samples", workflow_figures.sample)
 
 
 def sweep(*, limit: int = 500) -> SweepReport:

@@ -15,7 +15,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import counting, oplog
+from . import audit_chain, counting, oplog
 from .access import Actor, actor_fields
 from .effects import Effects
 from .history import derive_task_status
@@ -70,15 +70,16 @@ def record_event(
     task: Task | None = None,
     **data: Any,
 ) -> Event:
-    """Write the event of a transition in the caller's transaction; the kinds on-call
-    hears of also get their log line once it commits (``oplog``: ``task`` and ``steps``
-    are the rows at hand, so the line reads none again)."""
+    """Write the event of a transition in the caller's transaction; an operator action is
+    appended to the audit chain (``audit_chain.append``). The kinds on-call hears of also
+    get their log line once it commits (``oplog``: ``task`` and ``steps`` are the rows at
+    hand, so the line reads none again)."""
     name, user_id = actor_fields(actor)
     changed = tuple(steps)
     changes = {str(step.pk): step_state(step) for step in changed}
     if changes:
         data["steps"] = changes
-    event = Event.objects.create(
+    event = Event(
         task_id=task_id,
         step_id=step_id,
         kind=kind,
@@ -87,8 +88,22 @@ def record_event(
         reason=reason,
         data=data,
     )
+    if audit_chain.is_chained(kind):
+        audit_chain.append(event)
+    else:
+        event.save()
     if kind in counting.COUNTED_EVENT_KINDS:
-        counting.add({f"{counting.EVENT}:{kind}": 1})
+        counts = {f"{counting.EVENT}:{kind}": 1}
+        if kind in counting.WORKFLOW_EVENT_KINDS and task_id is not None:
+            # Rare kinds: the task's workflow is read when the caller did not pass the row.
+            workflow = (
+                task.workflow
+                if task is not None
+                else Task.objects.filter(pk=task_id).values_list("workflow", flat=True).first()
+            )
+            if workflow is not None:
+                counts[counting.workflow_event_name(workflow, kind)] = 1
+        counting.add(counts)
     oplog.log_event(event, task=task, steps=changed)
     return event
 

@@ -241,6 +241,22 @@ def _history_folds_to_stored_state(request: pytest.FixtureRequest) -> Iterator[N
     assert not mismatches, f"event history does not fold to the stored state: {mismatches}"
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The test database is disposable: the flush after a transactional test TRUNCATEs
+    every table, the history's too, which PostgreSQL refuses unless the session set
+    ``tasks_app.allow_truncate`` (migration 0016). Set here as the test database's default
+    for every session opened from now on: the suite's, its threads' and its worker
+    processes'. A test that checks the refusal sets it off in its transaction."""
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            return
+        name = connection.ops.quote_name(connection.settings_dict["NAME"])
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER DATABASE {name} SET tasks_app.allow_truncate = 'on'")
+            cursor.execute("SET tasks_app.allow_truncate = 'on'")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _threads_give_connections_back(django_db_setup: None) -> Iterator[None]:
     """The lease keeper keeps its connection while the process lives; before the test

@@ -755,20 +755,21 @@ def test_the_audit_log_filters_and_exports_the_same_rows_as_csv(
     only_pauses = body(client.get("/audit/", {"kind": "queue_paused"}))
     assert "incident 7" in only_pauses and "remote fixed" not in only_pauses
 
-    export = client.get("/audit/export.csv", {"actor": oncall.username})
-    assert export["Content-Type"].startswith("text/csv")
-    content = b"".join(export.streaming_content)  # type: ignore[attr-defined]
-    rows = list(csv.reader(io.StringIO(content.decode())))
+    rows = export_rows(client, actor=oncall.username)
     assert rows[0][:4] == ["id", "created_at", "kind", "actor"]
     assert [row[2] for row in rows[1:]] == ["queue_paused", "redriven"]
     assert all(row[3] == oncall.username for row in rows[1:])
 
 
 def export_rows(client: Client, **filters: str) -> list[list[str]]:
+    """The export's header and event rows; its last row, the audit chain's head, is
+    checked and left out."""
     export = client.get("/audit/export.csv", filters)
     assert export.status_code == 200 and export["Content-Type"].startswith("text/csv")
     content = b"".join(export.streaming_content)  # type: ignore[attr-defined]
-    return list(csv.reader(io.StringIO(content.decode())))
+    *rows, head = csv.reader(io.StringIO(content.decode()))
+    assert head[0].startswith("# chain head: ") and len(head) == len(rows[0])
+    return rows
 
 
 SECRETS = {"password": "hunter2", "api_token": "abc", "nested": [{"Client-Secret": "x"}]}
@@ -790,7 +791,8 @@ def test_the_audit_export_keeps_the_secrets_of_a_redrive_with_changes_hidden(
     assert data["old_payload"]["password"] == "•••redacted•••"
     assert data["new_payload"]["nested"] == [{"Client-Secret": "•••redacted•••"}]
     assert redriven[6] == "input fixed, password=•••redacted•••"
-    exported = "\n".join(",".join(row) for row in rows)
+    # Every cell but the chain hash, whose hex digits may spell "abc" by chance.
+    exported = "\n".join(",".join(row[: rows[0].index("chain_hash")]) for row in rows)
     for secret in ("hunter2", "abc", "abc-new", '"x"'):
         assert secret not in exported, secret
 
@@ -828,6 +830,8 @@ BAD_AUDIT_FILTERS = [
     ({"workflow": "no.such"}, "workflow: 'no.such' is not a registered workflow"),
     ({"actor": "a" * 151}, "actor: at most 150 characters"),
     ({"after": "0"}, "after: a whole number from 1"),
+    ({"task": "seven"}, "task: a task id, a whole number"),
+    ({"task": "0"}, "task: a task id, a whole number from 1"),
 ]
 
 
@@ -865,6 +869,62 @@ def test_the_audit_log_filters_by_workflow(auditor: User) -> None:
     page = body(login(auditor).get("/audit/", {"workflow": "demo.flaky"}))
     assert f'href="/tasks/{dead.pk}/"' in page
     assert "demo.noop" not in page.split('id="results"')[1]
+
+
+def test_the_audit_log_filters_by_task_and_by_an_actor_prefix_in_any_case(
+    auditor: User, oncall: User
+) -> None:
+    redriven, cancelled = dead_task(), noop()
+    services.redrive(redriven, actor=oncall, reason="remote fixed")
+    services.cancel(cancelled, actor="cli:alice", reason="not needed")
+    client = login(auditor)
+
+    one_task = body(client.get("/audit/", {"task": str(redriven.pk)})).split('id="results"')[1]
+    assert "remote fixed" in one_task and "not needed" not in one_task
+    assert "cli:producer" in one_task  # the task's own events too: enqueued, claimed, …
+
+    prefix = body(client.get("/audit/", {"actor": oncall.username[:4].upper()}))
+    results = prefix.split('id="results"')[1]
+    assert "remote fixed" in results and "not needed" not in results
+    # Operator actions only, unless an action is chosen: the workers' events are found by
+    # theirs.
+    assert "cli:producer" not in results
+    by_cli = body(client.get("/audit/", {"actor": "CLI:", "kind": "enqueued"}))
+    assert f">#{redriven.pk}</a>" in by_cli and f">#{cancelled.pk}</a>" in by_cli
+    assert "not needed" not in by_cli.split('id="results"')[1]
+
+
+def test_the_audit_log_names_each_action_by_its_label(auditor: User, oncall: User) -> None:
+    task = dead_task()
+    services.resolve(task, actor=oncall, reason="sent by hand", outcome="done")
+    services.pause_queue("default", actor=oncall, reason="incident 7")
+    page = body(login(auditor).get("/audit/"))
+
+    assert '<option value="resolved">Marked resolved</option>' in page
+    assert '<option value="queue_paused">Queue paused</option>' in page
+    results = page.split('id="results"')[1]
+    assert '<span data-kind="resolved">Marked resolved</span>' in results
+    assert '<span data-kind="queue_paused">Queue paused</span>' in results
+    assert '<span data-kind="dead_lettered">Dead-lettered</span>' in results
+
+
+def test_the_audit_export_adds_label_workflow_plan_and_chain_hash_at_the_end(
+    auditor: User, oncall: User
+) -> None:
+    bulk = [dead_task() for _ in range(2)]
+    _confirm(login(oncall), action="cancel", reason="incident 7", workflow="demo.flaky")
+    plan = Event.objects.filter(task_id=bulk[0].pk, kind="cancelled").get().data["plan"]
+
+    header, *rows = export_rows(login(auditor), plan=plan)
+
+    assert header == [
+        "id", "created_at", "kind", "actor", "task_id", "step_id", "reason", "data",
+        "label", "workflow", "bulk_plan_id", "chain_hash",
+    ]  # fmt: skip
+    assert {row[4] for row in rows} == {str(task.pk) for task in bulk}
+    for row in rows:
+        event = Event.objects.get(pk=row[0])
+        assert row[8:] == ["Cancelled", "demo.flaky", plan, event.chain_hash]
 
 
 # --- login ----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import mark_safe
 
 from console import presenters
 from tasks_app.task_actions import ACTIONS
@@ -20,6 +21,12 @@ def duration(value: timedelta | None) -> str:
 @register.filter
 def percent(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
+
+
+@register.filter
+def seconds(value: float | None) -> str:
+    """A run time: ``8 ms``, ``1.4 s``, ``3.5 min``; "—" for none (or a missing value)."""
+    return presenters.seconds(value if isinstance(value, int | float) else None)
 
 
 @register.filter
@@ -64,20 +71,25 @@ def redact_text(text: str | None) -> str:
 def when(value: datetime | None, style: str = "relative") -> str:
     """A moment in a ``<time>`` element. ``relative`` (the default, for tables) shows "3 min
     ago" with the absolute time and its zone on hover; ``full`` shows the absolute time
-    with its zone, then the relative one; "—" for no moment."""
+    with its zone, then the relative one; "—" for no moment. ``data-when`` tells
+    console.js which text to keep current."""
     if value is None:
         return "—"
     absolute, relative = presenters.moment(value)
     if style == "full":
         return format_html(
-            '<time datetime="{}" title="{}">{} <span class="muted">({})</span></time>',
+            '<time datetime="{}" title="{}" data-when="full">'
+            '{} <span class="muted">({})</span></time>',
             value.isoformat(),
             relative,
             absolute,
             relative,
         )
     return format_html(
-        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), absolute, relative
+        '<time datetime="{}" title="{}" data-when="relative">{}</time>',
+        value.isoformat(),
+        absolute,
+        relative,
     )
 
 
@@ -87,3 +99,10 @@ def payload_changes(data: dict[str, Any]) -> list[presenters.Change]:
     if "new_payload" not in data:
         return []
     return presenters.payload_changes(data.get("old_payload"), data["new_payload"])
+
+
+@register.filter
+def dotted(value: str | None) -> str:
+    """A dotted name (an error class) that may break after each dot on a narrow screen,
+    never inside a word."""
+    return mark_safe(".<wbr>".join(conditional_escape(part) for part in (value or "").split(".")))  # noqa: S308 (each part is escaped)

@@ -1,6 +1,8 @@
 # Dead letters grouped by cause: each dead step stores its cause's fingerprint
-# (tasks_app.fingerprints), and a partial index holds only the dead rows. Adding a column
-# with a constant default rewrites nothing on PostgreSQL 11 and later.
+# (tasks_app.fingerprints) and its task's workflow, and a partial index holds only the dead
+# rows, so grouping reads that index alone; another holds the dead rows by task, newest
+# first, for the dead-letter list's pages. Adding a column with a constant default
+# rewrites nothing on PostgreSQL 11 and later.
 #
 # The steps already dead get theirs here, in batches, each its own transaction; the
 # masking is the module's, so these rows group with the ones that die after the release.
@@ -20,13 +22,13 @@ def backfill(apps, schema_editor):
         rows = list(
             Step.objects.filter(status="dead", pk__gt=last)
             .order_by("pk")
-            .values_list("pk", "error_class", "last_error")[:BATCH]
+            .values_list("pk", "error_class", "last_error", "task__workflow")[:BATCH]
         )
         if not rows:
             return
-        for pk, error_class, last_error in rows:
+        for pk, error_class, last_error, workflow in rows:
             Step.objects.filter(pk=pk).update(
-                error_fingerprint=fingerprint(error_class, last_error)
+                error_fingerprint=fingerprint(error_class, last_error), dead_workflow=workflow
             )
         last = rows[-1][0]
 
@@ -44,14 +46,27 @@ class Migration(migrations.Migration):
             name="error_fingerprint",
             field=models.CharField(blank=True, db_default="", default="", max_length=16),
         ),
+        migrations.AddField(
+            model_name="step",
+            name="dead_workflow",
+            field=models.CharField(blank=True, db_default="", default="", max_length=100),
+        ),
         migrations.RunPython(backfill, migrations.RunPython.noop, elidable=True),
         online.AddIndexOnline(
             model_name="step",
             index=models.Index(
                 condition=models.Q(("status", "dead")),
-                fields=["error_fingerprint", "finished_at"],
-                include=("task",),
+                fields=["error_fingerprint", "dead_workflow", "finished_at"],
+                include=("task", "queue", "error_class"),
                 name="step_dead_cause_idx",
+            ),
+        ),
+        online.AddIndexOnline(
+            model_name="step",
+            index=models.Index(
+                condition=models.Q(("status", "dead")),
+                fields=["-task"],
+                name="step_dead_task_idx",
             ),
         ),
     ]

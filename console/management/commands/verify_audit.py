@@ -1,0 +1,83 @@
+"""``manage.py verify_audit``: recompute the audit chain and name its first broken link;
+with ``--export FILE``, also check an audit export against the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from console import audit_csv
+from tasks_app import audit_chain
+from tasks_app.management.cli import OperatorCommand, bad_input
+
+BROKEN = 1
+
+
+class Command(OperatorCommand):
+    help = (
+        "Recompute the audit chain (operator events, each hashed over the one before) from "
+        "the latest retention checkpoint, or its beginning, and name the first broken link: "
+        "a hash mismatch means the row was edited, a previous-hash mismatch that a row was "
+        "deleted or inserted before it; an operator event without a hash after the chain "
+        "began is named too. Prints the chain's head when it holds. With --export "
+        "FILE, also check a CSV from /audit/export.csv: each row against the event it names "
+        "(the chain hash among its cells) and its final chain-head line against the chain. "
+        "Exit status 1 on a break or a difference, else 0."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--export",
+            metavar="FILE",
+            help="an audit export (CSV) to check against the database",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        export = Path(options["export"]) if options["export"] else None
+        if export is not None and not export.is_file():
+            raise bad_input(f"export: no such file: {export}")
+        verdict = audit_chain.verify()
+        start = (
+            f"the checkpoint at event {verdict.checkpoint.last_event_id} "
+            f"({verdict.checkpoint.created_at:%Y-%m-%d %H:%M:%S %Z})"
+            if verdict.checkpoint
+            else "its beginning"
+        )
+        if verdict.broken is not None:
+            raise CommandError(
+                f"audit chain broken at {verdict.broken} "
+                f"({verdict.checked} event(s) checked from {start})",
+                returncode=BROKEN,
+            )
+        head = f"event {verdict.head.event_id} {verdict.head.hash}" if verdict.head else "none"
+        if verdict.outside is not None:
+            raise CommandError(
+                f"audit chain intact ({verdict.checked} event(s) from {start}; head: {head}), "
+                f"but {verdict.outside_count} operator event(s) are outside it, the first "
+                f"{verdict.outside}",
+                returncode=BROKEN,
+            )
+        self.stdout.write(
+            f"ok: audit chain verified, {verdict.checked} event(s) from {start}; head: {head}"
+        )
+        if export is not None:
+            self._check_export(export)
+
+    def _check_export(self, path: Path) -> None:
+        with path.open(encoding="utf-8", newline="") as lines:
+            check = audit_csv.check_export(lines)
+        for problem in check.problems:
+            self.stdout.write(problem)
+        summary = (
+            f"{check.rows} row(s), {check.chained} chained, {check.pruned} pruned since; "
+            f"chain head: {check.head or 'none'}"
+        )
+        if not check.ok:
+            raise CommandError(
+                f"export {path} differs from the database in {len(check.problems)} place(s); "
+                f"{summary}",
+                returncode=BROKEN,
+            )
+        self.stdout.write(f"ok: export {path} matches the database; {summary}")
