@@ -100,6 +100,9 @@ def jtext(value: Any) -> str:
 # The step keeps the last claim's traceback; each failure event its own (the last 2,000
 # characters).
 ERROR_FIELD = copy_text(TRACEBACK.replace("{token}", "3"))
+# The cause a dead step of that traceback stores (tasks_app.fingerprints: the numbers are
+# masked, so every dead step here has this one); tests/test_bench_console_data.py checks it.
+CAUSE = "6d7e53647bc0eaee"
 ERROR_JSON = {token: jtext(TRACEBACK.replace("{token}", str(token))[-2000:]) for token in (1, 2, 3)}
 
 
@@ -350,6 +353,7 @@ class Generator:
         steps_key = _steps_key(task_id)
         attempts, token = 0, 0
         step_status, result, error, error_class = status, NULL, "", ""
+        cause = dead_workflow = ""
         available = dispatched = c_at
         step_started = step_finished = lease_expires = NULL
         task_finished = NULL
@@ -426,6 +430,7 @@ class Generator:
                     claim_at = failed_at + 0.2 * claim
             attempts = token = 3
             error, error_class = ERROR_FIELD, ERROR_CLASS
+            cause, dead_workflow = CAUSE, workflow
             step_started, step_finished = ts(claim_at), ts(claim_at + 0.01)
             task_finished = updated = step_finished
         elif status == RUNNING:
@@ -454,6 +459,7 @@ class Generator:
             f"{task_id}\t{task_id}\t0\t0\t{kind}\t{step_status}\tdefault\t0\t{attempts}\t3"
             f"\t{available}\ttask-{task_id}:0:{kind}\t{token}\t{lease_expires}\t{dispatched}"
             f"\t{result}\t{error}\t{error_class}\t{step_started}\t{step_finished}\t\\N"
+            f"\t{cause}\t{dead_workflow}"
         )
 
     def approval(
@@ -477,7 +483,8 @@ COLUMNS = {
     " cancel_requested_at, created_by_user_id",
     "tasks_app_step": "id, task_id, position, revision, kind, status, queue, priority, attempts,"
     " max_attempts, available_at, idempotency_key, fencing_token, lease_expires_at,"
-    " dispatched_at, result, last_error, error_class, started_at, finished_at, change_request",
+    " dispatched_at, result, last_error, error_class, started_at, finished_at, change_request,"
+    " error_fingerprint, dead_workflow",
     "tasks_app_lease": "id, step_id, token, worker_id, acquired_at, expires_at, released_at,"
     " outcome",
     "tasks_app_event": "id, task_id, step_id, kind, actor, actor_user_id, reason, data, created_at",

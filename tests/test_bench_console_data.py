@@ -53,3 +53,12 @@ def test_the_console_cells_time_the_workflow_pages_and_the_dead_letters_by_cause
     targets = {target.metric: target.bound for target in report.TARGETS}
     for page in ("workflows", "workflow", "dead_groups"):
         assert targets[f"console_{page}_ratio"] == report.CONSOLE_BOUND == 1.5
+
+
+def test_the_dead_steps_carry_the_cause_their_traceback_gives() -> None:
+    from tasks_app.fingerprints import fingerprint
+
+    last_claim = dataset.TRACEBACK.replace("{token}", "3")
+    assert dataset.CAUSE == fingerprint(dataset.ERROR_CLASS, last_claim)
+    # Every claim's traceback is the same cause: the claim number is masked.
+    assert dataset.CAUSE == fingerprint(dataset.ERROR_CLASS, last_claim.replace("3", "1"))
