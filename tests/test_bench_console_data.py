@@ -59,6 +59,6 @@ def test_the_dead_steps_carry_the_cause_their_traceback_gives() -> None:
     from tasks_app.fingerprints import fingerprint
 
     last_claim = dataset.TRACEBACK.replace("{token}", "3")
-    assert dataset.CAUSE == fingerprint(dataset.ERROR_CLASS, last_claim)
+    assert fingerprint(dataset.ERROR_CLASS, last_claim) == dataset.CAUSE
     # Every claim's traceback is the same cause: the claim number is masked.
-    assert dataset.CAUSE == fingerprint(dataset.ERROR_CLASS, last_claim.replace("3", "1"))
+    assert fingerprint(dataset.ERROR_CLASS, last_claim.replace("3", "1")) == dataset.CAUSE

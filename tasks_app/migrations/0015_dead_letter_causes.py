@@ -1,8 +1,7 @@
 # Dead letters grouped by cause: each dead step stores its cause's fingerprint
 # (tasks_app.fingerprints) and its task's workflow, and a partial index holds only the dead
-# rows, so grouping reads that index alone; another holds the dead rows by task, newest
-# first, for the dead-letter list's pages. Adding a column with a constant default
-# rewrites nothing on PostgreSQL 11 and later.
+# rows, newest task first, with what the list's pages and the grouping read. Adding a
+# column with a constant default rewrites nothing on PostgreSQL 11 and later.
 #
 # The steps already dead get theirs here, in batches, each its own transaction; the
 # masking is the module's, so these rows group with the ones that die after the release.
@@ -56,17 +55,15 @@ class Migration(migrations.Migration):
             model_name="step",
             index=models.Index(
                 condition=models.Q(("status", "dead")),
-                fields=["error_fingerprint", "dead_workflow", "finished_at"],
-                include=("task", "queue", "error_class"),
-                name="step_dead_cause_idx",
-            ),
-        ),
-        online.AddIndexOnline(
-            model_name="step",
-            index=models.Index(
-                condition=models.Q(("status", "dead")),
                 fields=["-task"],
-                name="step_dead_task_idx",
+                include=(
+                    "error_fingerprint",
+                    "dead_workflow",
+                    "finished_at",
+                    "queue",
+                    "error_class",
+                ),
+                name="step_dead_letters_idx",
             ),
         ),
     ]
