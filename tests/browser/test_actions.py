@@ -48,8 +48,14 @@ def test_oncall_marks_an_unknown_outcome_done(page: Page, oncall: User) -> None:
     _resolve(page, task, "Mark done", "The remote shows the call arrived")
 
     expect(status_badge(page)).to_have_text("succeeded")
+    # The timeline says which outcome was chosen; the step's old error is not its state.
+    resolved = page.locator(".timeline .kind-resolved")
+    expect(resolved).to_contain_text("outcome: it happened (marked done)")
+    steps = page.locator("section[aria-labelledby=steps-heading] tbody tr")
+    expect(steps.locator(".error-class")).to_have_count(0)
     step = task.steps.get()
     assert step.status == StepStatus.SUCCEEDED
+    assert step.error_class  # still stored, only no longer shown as the step's state
     assert (step.result or {}).get("note") == "The remote shows the call arrived"
     event = Event.objects.for_task(task.pk).get(kind="resolved")
     assert (event.actor, event.data["outcome"]) == (oncall.username, "done")
@@ -62,6 +68,9 @@ def test_oncall_runs_an_unknown_outcome_again(page: Page, oncall: User) -> None:
     _resolve(page, task, "Run again", "Nothing arrived at the remote")
 
     expect(status_badge(page)).to_have_text("pending")
+    expect(page.locator(".timeline .kind-resolved")).to_contain_text(
+        "outcome: it did not happen (run again)"
+    )
     step = task.steps.get()
     assert (step.status, step.attempts) == (StepStatus.PENDING, 0)
     assert not Effect.objects.filter(step=step, status=Effect.Status.STARTED).exists()

@@ -101,6 +101,12 @@ def test_oncall_redrives_with_a_changed_payload_after_the_page_refuses_bad_ones(
 
     page_shows_status(page, task, "succeeded")
     expect(page.locator("pre.json").first).to_contain_text('"fail_first": 0')
+    # The timeline shows what the redrive changed, field by field, secrets as changed only.
+    diff = page.locator(".timeline .kind-redriven table.diff")
+    expect(diff.locator("tbody tr")).to_have_count(1)
+    expect(diff.locator("tbody tr")).to_contain_text("fail_first")
+    expect(diff.locator("del")).to_have_text("1")
+    expect(diff.locator("ins")).to_have_text("0")
     task.refresh_from_db()
     assert (task.status, task.payload) == (TaskStatus.SUCCEEDED, new)
     redriven = Event.objects.for_task(task.pk).get(kind="redriven")
