@@ -65,6 +65,21 @@ class Review:
         return any(field.diff is not None for field in self.fields)
 
 
+def decision_text(request: ApprovalRequest) -> str:
+    """What became of a request, in a plain sentence without its time ("Rejected by
+    mara", "mara asked for changes")."""
+    who = request.decided_by or "someone"
+    texts: dict[str, str] = {
+        ApprovalStatus.PENDING: "Waiting for a decision",
+        ApprovalStatus.APPROVED: f"Approved by {who}",
+        ApprovalStatus.REJECTED: f"Rejected by {who}",
+        ApprovalStatus.CHANGES_REQUESTED: f"{who} asked for changes",
+        ApprovalStatus.EXPIRED: "Expired: nobody decided in time",
+        ApprovalStatus.CANCELLED: f"Cancelled with its task by {who}",
+    }
+    return texts.get(request.status, request.status)
+
+
 _WORDS = re.compile(r"\s+|[^\s]+")
 
 

@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.selectors import decision_text
 from approvals.steps import draft_hash
 from tasks_app import services
 from tasks_app.exceptions import (
@@ -585,3 +586,18 @@ def test_the_events_of_a_reviewed_flow_tell_its_whole_story(
     assert result_of(task, "cleanup")["discarded_revisions"] == 1
     assert result_of(task, "generate_draft")["title"] == ARTICLE["title"]
     # (The autouse history check folds these events and compares them with the rows.)
+
+
+@pytest.mark.parametrize(
+    ("status", "text"),
+    [
+        ("pending", "Waiting for a decision"),
+        ("approved", "Approved by mara"),
+        ("rejected", "Rejected by mara"),
+        ("changes_requested", "mara asked for changes"),
+        ("expired", "Expired: nobody decided in time"),
+        ("cancelled", "Cancelled with its task by mara"),
+    ],
+)
+def test_what_became_of_a_request_reads_as_a_plain_sentence(status: str, text: str) -> None:
+    assert decision_text(ApprovalRequest(status=status, decided_by="mara")) == text

@@ -694,7 +694,7 @@ def test_the_review_shows_the_new_revision_with_its_word_diff_and_earlier_commen
     page = body(login(editor).get(f"/approvals/{second.pk}/"))
     assert "What changed since revision 0" in page
     assert re.search(r"<ins>[^<]*mention the date[^<]*</ins>", page)
-    assert "Revision 0: changes requested" in page and "mention the date" in page
+    assert f"Revision 0: {editor.username} asked for changes" in page and "mention the date" in page
     assert "Publishes article article-001" in page  # what an approval lets happen
     assert "next step: publish" in page
 

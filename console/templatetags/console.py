@@ -7,6 +7,8 @@ from django import template
 from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import mark_safe
 
+from approvals import selectors as approval_selectors
+from approvals.models import ApprovalRequest
 from console import presenters
 from tasks_app.task_actions import ACTIONS
 
@@ -106,3 +108,9 @@ def dotted(value: str | None) -> str:
     """A dotted name (an error class) that may break after each dot on a narrow screen,
     never inside a word."""
     return mark_safe(".<wbr>".join(conditional_escape(part) for part in (value or "").split(".")))  # noqa: S308 (each part is escaped)
+
+
+@register.filter
+def decision_text(request: ApprovalRequest) -> str:
+    """What became of an approval request, as a plain sentence ("mara asked for changes")."""
+    return approval_selectors.decision_text(request)

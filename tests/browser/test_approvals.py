@@ -94,12 +94,17 @@ def test_an_editor_requests_changes_then_approves_the_next_revision_and_sees_it_
         has=page.get_by_role("heading", name="What changed since revision 0")
     )
     expect(changes.locator("ins").filter(has_text=note)).to_have_count(1)
+    # Added and removed words carry marks of their own, readable without colour.
+    added = changes.locator("ins").filter(has_text=note)
+    marks = "e => getComputedStyle(e, '::before').content + getComputedStyle(e, '::after').content"
+    assert added.evaluate(marks) == '"{+""+}"'
+
     earlier = page.locator("section").filter(
         has=page.get_by_role("heading", name="Earlier decisions")
     )
     expect(earlier.locator("li")).to_have_count(1)
     expect(earlier.locator("li")).to_contain_text(
-        f"Revision 0: changes requested by {editor.username}"
+        f"Revision 0: {editor.username} asked for changes"
     )
     expect(earlier.locator("blockquote")).to_have_text(comment)
 
