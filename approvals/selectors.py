@@ -14,7 +14,7 @@ from tasks_app.redaction import redact
 from tasks_app.services import Actor
 
 from .models import ApprovalRequest, ApprovalStatus
-from .services import may_decide
+from .services import decide_refusal
 
 
 def pending_requests() -> QuerySet[ApprovalRequest]:
@@ -29,8 +29,29 @@ def pending_requests() -> QuerySet[ApprovalRequest]:
 def decidable_by(actor: Actor) -> list[ApprovalRequest]:
     """The pending requests ``actor`` may decide (:func:`services.may_decide`), the
     longest waiting first."""
-    requests = pending_requests().order_by("created_at", "id")
-    return [request for request in requests if may_decide(request, actor)]
+    return inbox(actor).mine
+
+
+@dataclass(frozen=True)
+class Inbox:
+    """The pending requests as one person sees them: those they may decide, and the others
+    with why not ("you enqueued task #12: someone else must decide on it"), each the
+    longest waiting first."""
+
+    mine: list[ApprovalRequest]
+    others: list[tuple[ApprovalRequest, str]]
+
+
+def inbox(actor: Actor) -> Inbox:
+    mine: list[ApprovalRequest] = []
+    others: list[tuple[ApprovalRequest, str]] = []
+    for request in pending_requests().order_by("created_at", "id"):
+        why = decide_refusal(request, actor)
+        if why is None:
+            mine.append(request)
+        else:
+            others.append((request, why))
+    return Inbox(mine, others)
 
 
 # --- the review page --------------------------------------------------------------------------

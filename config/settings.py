@@ -170,6 +170,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "console.context.section",
+                "console.context.approvals_waiting",
             ],
         },
     },
@@ -300,7 +301,8 @@ WHITENOISE_AUTOREFRESH = not PRODUCTION
 WHITENOISE_USE_FINDERS = not PRODUCTION
 
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "console:overview"
+# Editors land on the approvals waiting for them, everyone else on the overview.
+LOGIN_REDIRECT_URL = "console:start"
 LOGOUT_REDIRECT_URL = "login"
 
 # Scripts run only from our own origin with this response's nonce: no inline handlers, no

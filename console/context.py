@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.http import HttpRequest
+
+from approvals import selectors as approval_selectors
 
 # The nav entry each page belongs to, by URL name.
 SECTIONS = {
@@ -26,3 +31,16 @@ def section(request: HttpRequest) -> dict[str, str]:
     match = request.resolver_match
     name = match.url_name if match and match.namespace == "console" else ""
     return {"section": SECTIONS.get(name or "", "")}
+
+
+def approvals_waiting(request: HttpRequest) -> dict[str, Callable[[], int]]:
+    """How many approval requests wait for the person reading: the nav shows it. A
+    callable, so only a page that shows the nav entry counts them."""
+    user: Any = getattr(request, "user", None)
+
+    def count() -> int:
+        if user is None or not user.has_perm("approvals.view_approvalrequest"):
+            return 0
+        return len(approval_selectors.decidable_by(user))
+
+    return {"approvals_waiting": count}

@@ -30,7 +30,7 @@ from .views import (
 @require_GET
 @permission_required(VIEW_APPROVALS, raise_exception=True)
 def approval_list(request: ConsoleRequest) -> HttpResponse:
-    context = {"requests": approval_selectors.decidable_by(request.user)}
+    context = {"inbox": approval_selectors.inbox(request.user)}
     return render_page(request, "console/approvals.html", context, partial="results")
 
 

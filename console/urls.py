@@ -8,6 +8,7 @@ app_name = "console"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("start/", views.start, name="start"),
     path("tasks/", views.task_list, name="tasks"),
     path("tasks/go/", views.task_go, name="task_go"),
     path("tasks/<int:pk>/", views.task_detail, name="task"),

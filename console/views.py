@@ -28,6 +28,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
+from approvals.services import DECIDE_PERMISSION
 from tasks_app import lists, presence, selectors, services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Task, TaskStatus
@@ -65,6 +66,16 @@ def render_page(
 
 
 # --- overview -------------------------------------------------------------------------------
+
+
+@require_GET
+def start(request: ConsoleRequest) -> HttpResponse:
+    """Where a login lands: an editor (who may decide approvals, superusers aside) on the
+    approvals waiting for them, everyone else on the overview."""
+    user = request.user
+    if not user.is_superuser and user.has_perm(DECIDE_PERMISSION):
+        return redirect("console:approvals")
+    return redirect("console:overview")
 
 
 @require_GET

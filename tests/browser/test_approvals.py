@@ -3,6 +3,8 @@ one and sees it published once, sends one back and reviews the new revision's ch
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
@@ -10,7 +12,8 @@ from playwright.sync_api import Page, expect
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
 from tasks_app.models import TaskStatus
-from tests.approval_support import ARTICLE
+from tests.approval_support import ARTICLE, advance, article, ticket
+from tests.approval_support import pending_request as approval_pending
 from tests.e2e_support import Worker
 from tests.remotes import LoopbackRemote
 
@@ -116,3 +119,22 @@ def test_an_editor_requests_changes_then_approves_the_next_revision_and_sees_it_
     second.refresh_from_db()
     assert (second.status, second.decided_by) == (ApprovalStatus.APPROVED, editor.username)
     worker.assert_quiet(since=mark)
+
+
+def test_an_editor_lands_on_the_requests_waiting_for_them_and_sees_why_others_are_not(
+    page: Page, editor: User
+) -> None:
+    theirs = approval_pending(advance(article(actor=editor)))
+    waiting = approval_pending(advance(ticket()))
+
+    log_in(page, editor)
+
+    expect(page).to_have_url("/approvals/")
+    expect(page.locator("nav .count")).to_have_text("(1 waiting for you)")
+    mine = page.locator("table").first
+    expect(mine.locator("tbody tr")).to_have_count(1)
+    expect(mine).to_contain_text(f"Review #{waiting.pk}")
+    expect(mine.locator("time").last).to_have_text(re.compile(r"^in \d"))
+    others = page.locator("table.others")
+    expect(others.locator("tbody tr")).to_have_count(1)
+    expect(others).to_contain_text(f"You enqueued task #{theirs.task_id}")
