@@ -12,8 +12,7 @@ from playwright.sync_api import Page, expect
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
 from tasks_app.models import TaskStatus
-from tests.approval_support import ARTICLE, advance, article, ticket
-from tests.approval_support import pending_request as approval_pending
+from tests.approval_support import ARTICLE, article, ticket
 from tests.e2e_support import Worker
 from tests.remotes import LoopbackRemote
 
@@ -122,10 +121,11 @@ def test_an_editor_requests_changes_then_approves_the_next_revision_and_sees_it_
 
 
 def test_an_editor_lands_on_the_requests_waiting_for_them_and_sees_why_others_are_not(
-    page: Page, editor: User
+    page: Page, worker: Worker, editor: User
 ) -> None:
-    theirs = approval_pending(advance(article(actor=editor)))
-    waiting = approval_pending(advance(ticket()))
+    # The worker takes each task to its approval step.
+    theirs = pending_request(article(actor=editor), worker)
+    waiting = pending_request(ticket(), worker)
 
     log_in(page, editor)
 
