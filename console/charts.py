@@ -9,10 +9,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from tasks_app import workflow_figures as figures
 from tasks_app.selectors import MinuteCount, StepRow
 
-from .presenters import moment
+from .presenters import moment, seconds
 
 WIDTH = 720
 BAR_AREA_HEIGHT = 120
@@ -264,3 +266,47 @@ def attempt_lanes(steps: list[StepRow], *, start: datetime, end: datetime) -> La
         start=start,
         end=end,
     )
+
+
+# --- a workflow's page ----------------------------------------------------------------------
+
+PERCENTILES = ("p50", "p95", "p99")
+
+
+def workflow_charts(bars: list[figures.Bar]) -> dict[str, Any]:
+    """The three charts of a window: steps succeeded, dead letters and retries, and the
+    run-time percentiles, a slot per bar."""
+    done, trouble, starts, labels = [], [], [], []
+    runs: dict[str, list[float | None]] = {p: [] for p in PERCENTILES}
+    for bar in bars:
+        f = bar.figures
+        span = slot_label(bar.start, bar.end)
+        done.append(
+            Slot(
+                bar.start,
+                {"succeeded": f.succeeded if f else None},
+                f"{span}: {f.succeeded} steps succeeded" if f else f"{span}: no samples",
+            )
+        )
+        trouble.append(
+            Slot(
+                bar.start,
+                {"dead": f.dead_lettered if f else None, "retry": f.retried if f else None},
+                f"{span}: {f.dead_lettered} dead letters, {f.retried} retries"
+                if f
+                else f"{span}: no samples",
+            )
+        )
+        starts.append(bar.start)
+        for p in PERCENTILES:
+            runs[p].append(getattr(f, p) if f else None)
+        labels.append(
+            f"{span}: " + ", ".join(f"{p} {seconds(getattr(f, p))}" for p in PERCENTILES)
+            if f and f.succeeded
+            else f"{span}: no runs"
+        )
+    return {
+        "done_chart": bar_chart(done, series=["succeeded"]),
+        "trouble_chart": bar_chart(trouble, series=["dead", "retry"]),
+        "duration_chart": log_lines(starts, runs, labels),
+    }

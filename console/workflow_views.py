@@ -21,12 +21,10 @@ from tasks_app import workflow_figures as figures
 from tasks_app.transitions import db_now
 
 from . import charts, forms
-from .presenters import seconds
 from .views import ConsoleRequest, filter_refused, render_page, view_tasks
 
 # The causes of dead letters shown on a workflow's page; the rest are a link away.
 TOP_CAUSES = 5
-PERCENTILES = ("p50", "p95", "p99")
 
 
 @require_GET
@@ -65,7 +63,7 @@ def workflow_detail(request: ConsoleRequest, name: str) -> HttpResponse:
         "windows": list(figures.WINDOWS.values()),
         "now": now,
         "bars": bars,
-        **_charts(bars),
+        **charts.workflow_charts(bars),
         # /dead/ filters by registered workflows only.
         "filterable": filterable,
     }
@@ -85,42 +83,3 @@ def workflow_causes(request: ConsoleRequest, name: str) -> HttpResponse:
     causes = lists.dead_groups(lists.DeadFilter(workflow=name))
     context = {"name": name, "causes": causes[:TOP_CAUSES], "more_causes": len(causes) > TOP_CAUSES}
     return render(request, "console/workflow.html#causes", context)
-
-
-def _charts(bars: list[figures.Bar]) -> dict[str, Any]:
-    """The three charts of a window: steps succeeded, dead letters and retries, and the
-    run-time percentiles, a slot per bar."""
-    done, trouble, starts, labels = [], [], [], []
-    runs: dict[str, list[float | None]] = {p: [] for p in PERCENTILES}
-    for bar in bars:
-        f = bar.figures
-        span = charts.slot_label(bar.start, bar.end)
-        done.append(
-            charts.Slot(
-                bar.start,
-                {"succeeded": f.succeeded if f else None},
-                f"{span}: {f.succeeded} steps succeeded" if f else f"{span}: no samples",
-            )
-        )
-        trouble.append(
-            charts.Slot(
-                bar.start,
-                {"dead": f.dead_lettered if f else None, "retry": f.retried if f else None},
-                f"{span}: {f.dead_lettered} dead letters, {f.retried} retries"
-                if f
-                else f"{span}: no samples",
-            )
-        )
-        starts.append(bar.start)
-        for p in PERCENTILES:
-            runs[p].append(getattr(f, p) if f else None)
-        labels.append(
-            f"{span}: " + ", ".join(f"{p} {seconds(getattr(f, p))}" for p in PERCENTILES)
-            if f and f.succeeded
-            else f"{span}: no runs"
-        )
-    return {
-        "done_chart": charts.bar_chart(done, series=["succeeded"]),
-        "trouble_chart": charts.bar_chart(trouble, series=["dead", "retry"]),
-        "duration_chart": charts.log_lines(starts, runs, labels),
-    }

@@ -216,8 +216,10 @@ def dead_groups(filters: DeadFilter) -> list[DeadGroup]:
     """The dead letters matching ``filters`` grouped by cause, the largest group first.
 
     Two reads, none per group: the dead steps by cause and workflow, from the dead steps'
-    cause index alone (a dead step's task is dead: it holds no other current step), then
-    one example step per cause (the newest task's)."""
+    index alone, then one example step per cause (the newest task's). Its twin is
+    :func:`dead_letter_page`, which reads the dead steps of dead tasks: a dead step's task
+    is dead (``history.derive_task_status``), so both count the same dead letters, and
+    ``tests/test_dead_groups.py`` checks that they do."""
     steps = Step.objects.filter(_dead_steps(filters))
     if filters.workflow:
         steps = steps.filter(dead_workflow=filters.workflow)

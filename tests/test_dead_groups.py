@@ -376,3 +376,22 @@ def test_the_migration_gives_the_steps_already_dead_their_cause(causes: None) ->
     step = dead_step(task)
     assert step.error_fingerprint == fingerprint(step.error_class, step.last_error)
     assert step.dead_workflow == "test.causes.b"
+
+
+@pytest.mark.django_db
+def test_each_cause_counts_the_dead_letters_its_list_shows(causes: None) -> None:
+    dead("test.causes.a", "HTTP 503 from /articles/1")
+    dead("test.causes.b", "HTTP 503 from /articles/2")
+    dead("test.causes.a", "connection refused")
+    cancelled = dead("test.causes.a", "HTTP 503 from /articles/3")
+    services.cancel(cancelled, actor="cli:oncall", reason="gone for good")
+    redriven = dead("test.causes.b", "connection refused")
+    services.redrive(redriven, actor="cli:oncall", reason="try again")
+
+    groups = lists.dead_groups(DeadFilter())
+
+    assert sum(group.count for group in groups) == 3
+    for group in groups:
+        listed = lists.dead_letter_page(DeadFilter(fingerprint=group.fingerprint), after=None)
+        assert len(listed.rows) == group.count
+        assert sorted({step.task.workflow for step in listed.rows}) == group.workflows
