@@ -66,7 +66,7 @@ lint: install
 	$(VENV)/bin/mypy .
 
 # The container image (Dockerfile, docs/deployment.md), built and run when Docker is
-# available; without it this says so and succeeds (tests/test_dockerfile.py lints the file).
+# available; without it this says so and succeeds (tests/project/test_dockerfile.py lints the file).
 docker-check:
 	@scripts/docker-check.sh
 

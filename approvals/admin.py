@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING
 from django.contrib import admin
 from django.utils.safestring import SafeString
 
-from tasks_app.admin import ReadOnlyMixin
-from tasks_app.admin_parts import json_block, text_block
-
-from .models import ApprovalRequest
+from approvals.models import ApprovalRequest
+from tasks_app.integrations.admin import ReadOnlyMixin
+from tasks_app.integrations.admin_parts import json_block, text_block
 
 if TYPE_CHECKING:
     RequestModelAdmin = admin.ModelAdmin[ApprovalRequest]

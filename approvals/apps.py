@@ -1,3 +1,5 @@
+"""The approvals app: plugs its sweep jobs and metrics into the core when Django starts."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
@@ -8,11 +10,14 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self) -> None:
-        # The approvals app builds on the core and plugs into it; the core never imports it.
-        from tasks_app import metrics as core_metrics
+        # The approvals app builds on the core and plugs into it (sweep jobs, metrics); the
+        # core's modules never import it (only the demo's seed command does, when installed).
+        from approvals import deadlines, metrics, notices, services, workflows  # noqa: F401  (the workflows register on import)
         from tasks_app import services as core
+        from tasks_app.observability import metrics as core_metrics
 
-        from . import metrics, services, workflows  # noqa: F401  (the workflows register on import)
-
-        core.register_sweep_job("expired_approvals", services.expire_due)
+        core.register_sweep_job("expired_approvals", deadlines.expire_due)
+        core.register_sweep_job("escalated_approvals", deadlines.escalate_due)
+        core.register_sweep_job("approval_reminders", deadlines.remind_due)
+        core.register_sweep_job("approval_digests", deadlines.digest_due)
         core_metrics.register_part("approvals", metrics.approval_metrics)

@@ -1,5 +1,5 @@
 """The approvals' figures on ``/metrics``: requests waiting and for how long, and how long
-decisions took (``tasks_app.metrics.register_part``)."""
+decisions took (``tasks_app.observability.metrics.register_part``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q,
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from tasks_app.transitions import db_now
-
-from .models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalRequest, ApprovalStatus
+from tasks_app.engine.transitions import db_now
 
 # Seconds from request to decision: a minute up to two days (the longest shipped expiry).
 DECISION_BUCKETS = (60, 300, 900, 3600, 14400, 43200, 86400, 172800)

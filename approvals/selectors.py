@@ -7,21 +7,23 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 
+from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote
+from approvals.services import decide_refusal, still_needed
+from approvals.steps import handler_of
 from tasks_app.models import Step
-from tasks_app.redaction import redact
-from tasks_app.services import Actor
-
-from .models import ApprovalRequest, ApprovalStatus
-from .services import decide_refusal
+from tasks_app.operations.redaction import redact
+from tasks_app.services import Actor, actor_fields
 
 
 def pending_requests() -> QuerySet[ApprovalRequest]:
-    """Requests waiting for a decision, the soonest to expire first."""
+    """Requests waiting for a decision, the soonest to expire first, each with how many
+    approvals it has (``approvals``)."""
     return (
         ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
         .select_related("task")
+        .annotate(approvals=Count("votes"))
         .order_by("expires_at", "id")
     )
 
@@ -45,13 +47,40 @@ class Inbox:
 def inbox(actor: Actor) -> Inbox:
     mine: list[ApprovalRequest] = []
     others: list[tuple[ApprovalRequest, str]] = []
+    name, _ = actor_fields(actor)
+    approved = set(
+        ApprovalVote.objects.filter(voter=name, request__status=ApprovalStatus.PENDING).values_list(
+            "request_id", flat=True
+        )
+    )
     for request in pending_requests().order_by("created_at", "id"):
         why = decide_refusal(request, actor)
+        if why is None and request.pk in approved:
+            why = already_approved(request)
         if why is None:
             mine.append(request)
         else:
             others.append((request, why))
     return Inbox(mine, others)
+
+
+def names_approver(user: Any) -> bool:
+    """Whether an open request names ``user`` as its approver: by username, or by one of
+    their groups (the second group once escalated)."""
+    groups = set(user.groups.values_list("name", flat=True))
+    return any(
+        user.get_username() in (request.approver_users or []) or groups & set(request.groups)
+        for request in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).only(
+            "approver_users", "approver_group", "escalate_to", "escalated_at"
+        )
+    )
+
+
+def already_approved(request: ApprovalRequest) -> str:
+    """Why a request the reader approved still waits: for others' approvals."""
+    return (
+        f"you approved it; {still_needed(request.quorum - request.votes.count())} from someone else"
+    )
 
 
 # --- the review page --------------------------------------------------------------------------
@@ -80,25 +109,14 @@ class Review:
     earlier: list[ApprovalRequest]
     # The step an approval lets run next, or None when the approval ends the task.
     next_step: Step | None
+    # Who has approved this request so far (a quorum counts them), oldest first.
+    votes: list[ApprovalVote]
+    # The draft's fields an editor may change here, with their text; empty when none.
+    editable: list[DraftField]
 
     @property
     def changed(self) -> bool:
         return any(field.diff is not None for field in self.fields)
-
-
-def decision_text(request: ApprovalRequest) -> str:
-    """What became of a request, in a plain sentence without its time ("Rejected by
-    mara", "mara asked for changes")."""
-    who = request.decided_by or "someone"
-    texts: dict[str, str] = {
-        ApprovalStatus.PENDING: "Waiting for a decision",
-        ApprovalStatus.APPROVED: f"Approved by {who}",
-        ApprovalStatus.REJECTED: f"Rejected by {who}",
-        ApprovalStatus.CHANGES_REQUESTED: f"{who} asked for changes",
-        ApprovalStatus.EXPIRED: "Expired: nobody decided in time",
-        ApprovalStatus.CANCELLED: f"Cancelled with its task by {who}",
-    }
-    return texts.get(request.status, request.status)
 
 
 _WORDS = re.compile(r"\s+|[^\s]+")
@@ -152,18 +170,19 @@ def review(request: ApprovalRequest) -> Review:
         ),
         None,
     )
-    position = request.step.position
-    next_step = (
-        Step.objects.filter(task_id=request.task_id, position=position + 1)
-        .exclude(status="superseded")
-        .order_by("-revision")
-        .first()
+    next_step = Step.objects.filter(task_id=request.task_id).current_one(
+        position=request.step.position + 1
     )
+    fields = _fields(redact(request.draft), redact(previous.draft) if previous else None)
+    handler = handler_of(request)
+    editable = set(handler.editable) if handler is not None else set()
     return Review(
         request=request,
         # Secret keys are no editor's business: their values are redacted, as on every page.
-        fields=_fields(redact(request.draft), redact(previous.draft) if previous else None),
+        fields=fields,
         previous=previous,
         earlier=earlier,
         next_step=next_step,
+        votes=list(request.votes.order_by("id")),
+        editable=[field for field in fields if field.name in editable],
     )

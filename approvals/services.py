@@ -1,4 +1,6 @@
-"""Deciding approval requests, and expiring them (DESIGN rule 9 and §3).
+"""Deciding approval requests (approving, with a quorum; rejecting; sending back; an
+editor's own edit), and closing those of a cancelled task (DESIGN rule 9 and §3). What
+time does to a request (expiry, reminders, escalation) is ``approvals.deadlines``.
 
 Each decision, in one transaction with the task row locked first (the core's lock order):
 
@@ -22,9 +24,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models.functions import Now
 from django.dispatch import receiver
 
+from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, decision_text
+from approvals.steps import draft_hash as hash_of
+from approvals.steps import handler_of
 from tasks_app import services as core
 from tasks_app.exceptions import (
     AlreadyDecided,
@@ -38,9 +42,6 @@ from tasks_app.models import EventKind, Step, StepStatus, Task, TaskStatus
 from tasks_app.services import Actor
 from tasks_app.signals import steps_cancelled
 from tasks_app.validation import require_text
-
-from .models import ApprovalRequest, ApprovalStatus, ExpiryPolicy
-from .steps import draft_hash as hash_of
 
 DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 
@@ -69,6 +70,82 @@ def request_changes(
     return _decide(request, ApprovalStatus.CHANGES_REQUESTED, actor, comment, draft_hash)
 
 
+def edit_draft(
+    request: ApprovalRequest,
+    *,
+    actor: Actor,
+    changes: dict[str, Any],
+    comment: str = "",
+    draft_hash: str | None = None,
+) -> ApprovalRequest | None:
+    """An editor's own revision of the draft under review: the fields in ``changes``
+    replace the draft's, checked by the workflow's rules for a draft; the request closes as
+    ``edited`` and the task goes on from the edited draft, as a new revision written by
+    the editor. Returns the request for the edited revision (None when steps run before its
+    approval step opens again). The same people may edit as may decide; the draft they
+    edited must be the one under review (``draft_hash``).
+    """
+    _check_actor(actor)
+    comment = (comment or "").strip()
+    with transaction.atomic():
+        task = core.lock_task(request.task_id)
+        locked = (ApprovalRequest.objects.select_for_update().select_related("task", "step")).get(
+            pk=request.pk
+        )
+        _check_pending(locked, actor, task)
+        _revalidate(locked, task, draft_hash)
+        edited, fields = _edited_draft(locked, changes)
+        name = _close(locked, ApprovalStatus.EDITED, actor, comment)
+        new_hash = hash_of(edited)
+        core.replace_draft(
+            task,
+            locked.step_id,
+            draft_from=locked.draft_step,
+            draft=edited,
+            actor=actor,
+            reason=comment,
+            request=locked.pk,
+            draft_hash=locked.draft_hash,
+            edited_hash=new_hash,
+            fields=fields,
+        )
+        successor = ApprovalRequest.objects.filter(
+            task=task, status=ApprovalStatus.PENDING, draft_hash=new_hash
+        ).first()
+        if successor is not None:
+            successor.draft_author = name
+            successor.save(update_fields=["draft_author"])
+    return successor
+
+
+def _edited_draft(request: ApprovalRequest, changes: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The request's draft with ``changes``, once they pass the rules: editable fields of
+    the workflow's approval step only, text, something changed, and the workflow's own
+    rules for a draft (``check_draft``). Returns it with the names of the changed fields."""
+    handler = handler_of(request)
+    editable = handler.editable if handler is not None else ()
+    if not editable or not isinstance(request.draft, dict):
+        raise InvalidInput(
+            "draft", "editable", "draft: this workflow's drafts cannot be edited in review"
+        )
+    for field in sorted(set(changes) - set(editable)):
+        raise InvalidInput(
+            f"draft.{field}",
+            "editable",
+            f"draft.{field}: not a field an editor may change ({', '.join(editable)})",
+        )
+    for field, value in changes.items():
+        if not isinstance(value, str):
+            raise InvalidInput(f"draft.{field}", "text", f"draft.{field}: must be text")
+    edited = {**request.draft, **changes}
+    fields = [field for field in editable if edited.get(field) != request.draft.get(field)]
+    if not fields:
+        raise InvalidInput("draft", "changed", "draft: nothing changed")
+    if handler is not None and handler.check_draft is not None:
+        handler.check_draft(edited)
+    return edited, fields
+
+
 def _decide(
     request: ApprovalRequest,
     verdict: ApprovalStatus,
@@ -80,28 +157,16 @@ def _decide(
     with transaction.atomic():
         task = core.lock_task(request.task_id)
         locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
-        refused = decide_refusal(locked, actor, task)
-        if refused is not None:
-            raise NotPermitted(refused)
-        if locked.status != ApprovalStatus.PENDING:
-            raise AlreadyDecided(
-                f"approval #{locked.pk} was already {locked.get_status_display().lower()} "
-                f"by {locked.decided_by or 'nobody'}"
-                + (f" at {locked.decided_at:%Y-%m-%d %H:%M:%S %Z}" if locked.decided_at else ""),
-                decided_by=locked.decided_by,
-                status=locked.status,
-            )
+        _check_pending(locked, actor, task)
         _revalidate(locked, task, draft_hash)
 
-        name, user_id = core.actor_fields(actor)
-        locked.status = verdict
-        locked.decided_by = name
-        locked.decided_by_user_id = user_id
-        locked.decided_at = core.db_now()
-        locked.comment = comment
-        locked.save(
-            update_fields=["status", "decided_by", "decided_by_user", "decided_at", "comment"]
-        )
+        voters: list[str] = []
+        if verdict == ApprovalStatus.APPROVED:
+            voters = _vote(locked, task, actor, comment)
+            if len(voters) < locked.quorum:
+                return locked
+        # With a quorum, everyone who approved, in the order they did.
+        name = _close(locked, verdict, actor, comment, by=", ".join(voters))
         facts: dict[str, Any] = {"request": locked.pk, "draft_hash": locked.draft_hash}
         if verdict == ApprovalStatus.CHANGES_REQUESTED:
             core.revise(
@@ -129,7 +194,8 @@ def _decide(
                 reason=comment,
                 # What the steps after the review read: who approved which draft.
                 result={
-                    "approved_by": name,
+                    "approved_by": locked.decided_by,
+                    "approvers": voters,
                     "request": locked.pk,
                     "revision": locked.revision,
                     "draft_hash": locked.draft_hash,
@@ -143,6 +209,78 @@ def _decide(
     return locked
 
 
+def _close(
+    locked: ApprovalRequest, status: str, actor: Actor, comment: str, *, by: str = ""
+) -> str:
+    """Record on the locked request how it closed, who closed it (``by``, else the actor's
+    name) and when; returns the actor's name."""
+    name, user_id = core.actor_fields(actor)
+    locked.status = status
+    locked.decided_by = (by or name)[:150]
+    locked.decided_by_user_id = user_id
+    locked.decided_at = core.db_now()
+    locked.comment = comment
+    locked.save(update_fields=["status", "decided_by", "decided_by_user", "decided_at", "comment"])
+    return name
+
+
+def _check_pending(locked: ApprovalRequest, actor: Actor, task: Task) -> None:
+    """Under the locks: ``actor`` may decide the request, and it is still open."""
+    refused = decide_refusal(locked, actor, task)
+    if refused is not None:
+        raise NotPermitted(refused)
+    if locked.status != ApprovalStatus.PENDING:
+        raise AlreadyDecided(
+            f"approval #{locked.pk} is already decided: {decision_text(locked)}"
+            + (f" at {locked.decided_at:%Y-%m-%d %H:%M:%S %Z}" if locked.decided_at else ""),
+            decided_by=locked.decided_by,
+            status=locked.status,
+        )
+
+
+def _vote(locked: ApprovalRequest, task: Task, actor: Actor, comment: str) -> list[str]:
+    """Record ``actor``'s approval of the locked request's draft; returns everyone who has
+    approved it so far, in order. A person counts once: a second approval by the same
+    person is refused. Short of the quorum, the approval is recorded as an event and the
+    request stays open."""
+    name, user_id = core.actor_fields(actor)
+    voters = list(locked.votes.order_by("id").values_list("voter", flat=True))
+    if name in voters:
+        raise AlreadyDecided(
+            f"you already approved approval #{locked.pk}; "
+            f"{still_needed(locked.quorum - len(voters))} from someone else",
+            decided_by=name,
+            status=locked.status,
+        )
+    ApprovalVote.objects.create(
+        request=locked,
+        voter=name,
+        voter_user_id=user_id,
+        draft_hash=locked.draft_hash,
+        comment=comment,
+    )
+    voters.append(name)
+    if len(voters) < locked.quorum:
+        core.record_event(
+            EventKind.APPROVAL_RECORDED,
+            task_id=task.pk,
+            step_id=locked.step_id,
+            actor=actor,
+            reason=comment,
+            task_status=task.status,
+            request=locked.pk,
+            draft_hash=locked.draft_hash,
+            approvals=len(voters),
+            quorum=locked.quorum,
+        )
+    return voters
+
+
+def still_needed(count: int) -> str:
+    """What a request short of its quorum waits for ("it needs 2 more approvals")."""
+    return f"it needs {count} more approval{'s' if count != 1 else ''}"
+
+
 def decide_refusal(request: ApprovalRequest, actor: Actor, task: Task | None = None) -> str | None:
     """Why ``actor`` may not decide ``request``, or ``None`` when they may.
 
@@ -150,25 +288,21 @@ def decide_refusal(request: ApprovalRequest, actor: Actor, task: Task | None = N
     accepted: the decide permission, not the task's author (superusers included), and a
     place on the approver list (superusers skip it). Says nothing of the request's state.
     """
-    if actor is None or (isinstance(actor, str) and not actor.strip()):
-        return "a decision needs a user or a name"
-    if not isinstance(actor, str) and (refused := _refused_permission(actor)) is not None:
-        return refused
+    if (refused := _actor_refusal(actor)) is not None or actor is None:
+        return refused or NO_ACTOR
     task = task or request.task
     if _enqueued_by(task, actor):
         return f"you enqueued task #{task.pk}: someone else must decide on it"
     if isinstance(actor, str) or actor.is_superuser:
         return None
-    group, users = request.approver_group, request.approver_users or []
-    if not group and not users:
+    groups, users = request.groups, request.approver_users or []
+    if not groups and not users:
         return None
     if actor.get_username() in users:
         return None
-    if group and actor.groups.filter(name=group).exists():
+    if groups and actor.groups.filter(name__in=groups).exists():
         return None
-    allowed = " or ".join(
-        part for part in (f"group {group}" if group else "", ", ".join(users)) if part
-    )
+    allowed = " or ".join([*(f"group {group}" for group in groups), *users])
     return f"approval #{request.pk} may be decided by {allowed}"
 
 
@@ -177,17 +311,26 @@ def may_decide(request: ApprovalRequest, actor: Actor, task: Task | None = None)
     return decide_refusal(request, actor, task) is None
 
 
+NO_ACTOR = "a decision needs a user or a name"
+
+
 def _check_actor(actor: Actor) -> None:
     """Before anything is locked: a decision names who made it, and a user needs the
     decide permission."""
-    if actor is None or (isinstance(actor, str) and not actor.strip()):
-        raise InvalidInput("actor", "required", "actor: a decision needs a user or a name")
-    if not isinstance(actor, str) and (refused := _refused_permission(actor)) is not None:
+    refused = _actor_refusal(actor)
+    if refused == NO_ACTOR:
+        raise InvalidInput("actor", "required", f"actor: {NO_ACTOR}")
+    if refused is not None:
         raise NotPermitted(refused)
 
 
-def _refused_permission(user: Any) -> str | None:
-    if not user.is_authenticated or not user.has_perm(DECIDE_PERMISSION):
+def _actor_refusal(actor: Actor) -> str | None:
+    """The checks of the actor alone: named, and a user with the decide permission."""
+    if actor is None or (isinstance(actor, str) and not actor.strip()):
+        return NO_ACTOR
+    if isinstance(actor, str):
+        return None
+    if not actor.is_authenticated or not actor.has_perm(DECIDE_PERMISSION):
         return "deciding approvals needs the decide permission (group editors)"
     return None
 
@@ -217,70 +360,18 @@ def _revalidate(request: ApprovalRequest, task: Task, seen_hash: str | None) -> 
             f"approval #{request.pk}: the draft you reviewed ({seen_hash[:12]}) is not the "
             f"draft under review ({request.draft_hash[:12]}); reload it"
         )
-    latest = (
-        Step.objects.filter(task=task, kind=request.draft_step)
-        .exclude(status=StepStatus.SUPERSEDED)
-        .order_by("-revision")
-        .values_list("status", "result")
-        .first()
-    )
+    latest = Step.objects.filter(task=task).current_one(kind=request.draft_step)
     if (
         latest is None
-        or latest[0] != StepStatus.SUCCEEDED
-        or hash_of(latest[1]) != request.draft_hash
+        or latest.status != StepStatus.SUCCEEDED
+        or hash_of(latest.result) != request.draft_hash
     ):
         raise StaleApproval(
             f"approval #{request.pk}: its draft is no longer the latest draft of task #{task.pk}"
         )
 
 
-# --- expiry, run by the sweeper -------------------------------------------------------------
-
-
-def expire_due(limit: int = 500) -> int:
-    """Apply the expiry policy to pending requests past their time (database clock):
-    ``cancel`` cancels the task, ``dead_letter`` makes the approval step dead for on-call."""
-    due = list(
-        ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=Now())
-        .order_by("expires_at")
-        .values_list("pk", "task_id")[:limit]
-    )
-    expired = 0
-    for pk, task_id in due:
-        with transaction.atomic():
-            # The sweeper never waits on a row someone holds: a task or request being
-            # decided right now is expired (or not) at the next sweep.
-            task = core.try_lock_task(task_id)
-            if task is None:
-                continue
-            # Re-checked under the lock: it may have been decided meanwhile.
-            request = (
-                ApprovalRequest.objects.select_for_update(skip_locked=True)
-                .filter(pk=pk, status=ApprovalStatus.PENDING, expires_at__lte=Now())
-                .first()
-            )
-            if request is None:
-                continue
-            request.status = ApprovalStatus.EXPIRED
-            request.decided_by = core.SWEEPER
-            request.decided_at = core.db_now()
-            request.save(update_fields=["status", "decided_by", "decided_at"])
-            dead = request.on_expiry == ExpiryPolicy.DEAD_LETTER
-            core.close_approval_step(
-                task,
-                request.step_id,
-                step_status=StepStatus.DEAD if dead else StepStatus.CANCELLED,
-                event_kind=EventKind.APPROVAL_EXPIRED,
-                actor=core.SWEEPER,
-                reason="approval_expired",
-                error=f"approval #{request.pk} expired at {request.expires_at.isoformat()} "
-                "without a decision",
-                request=request.pk,
-                revision=request.revision,
-                policy=request.on_expiry,
-            )
-            expired += 1
-    return expired
+# --- requests closed with their task -------------------------------------------------------
 
 
 def close_open_requests(steps: Iterable[Step], *, actor: Actor, reason: str) -> int:

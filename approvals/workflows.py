@@ -8,6 +8,11 @@ timeout is retried with the same key) -> ``cleanup``.
 24 h, then cancels) -> ``send`` (the remote has no idempotency keys, so a timeout after
 sending dead-letters as ``outcome_unknown`` for a person to resolve).
 
+``press_release``: as ``publish_article``, but two editors must approve (``quorum=2``),
+and after 8 hours undecided the senior editors may decide too (escalation).
+
+``approvals.notify``: the approvers' mail (``approvals.notices``).
+
 ``demo.deliver``: one write to either remote through the effects ledger, with no person
 in the loop; the fault drills (``make chaos``) count what reaches the remote.
 
@@ -22,12 +27,11 @@ from typing import Any
 
 from django.conf import settings
 
-from tasks_app.demo_workflows import pause
+from approvals import notices, remote
+from approvals.steps import approval_step, check_workflow, draft_hash
+from tasks_app.demo.workflows import pause
 from tasks_app.exceptions import InvalidPayload, PermanentError
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register
-
-from . import remote
-from .steps import approval_step, check_workflow, draft_hash
 
 # --- payloads ------------------------------------------------------------------------------
 
@@ -36,16 +40,19 @@ def _fields(payload: dict[str, Any], limits: dict[str, int]) -> None:
     """Exactly the named fields, each a non-empty string within its length limit."""
     for name in sorted(set(payload) - set(limits)):
         raise InvalidPayload(f"payload.{name}", "known_field", f"payload.{name}: not a field")
+    _texts(payload, limits, "payload")
+
+
+def _texts(values: dict[str, Any], limits: dict[str, int], prefix: str) -> None:
+    """Each named field a non-empty string within its length limit (errors name
+    ``<prefix>.<field>``)."""
     for name, limit in limits.items():
-        value = payload.get(name)
+        value = values.get(name)
+        field = f"{prefix}.{name}"
         if not isinstance(value, str) or not value.strip():
-            raise InvalidPayload(
-                f"payload.{name}", "required", f"payload.{name}: a non-empty string is required"
-            )
+            raise InvalidPayload(field, "required", f"{field}: a non-empty string is required")
         if len(value) > limit:
-            raise InvalidPayload(
-                f"payload.{name}", "max_length", f"payload.{name}: at most {limit} characters"
-            )
+            raise InvalidPayload(field, "max_length", f"{field}: at most {limit} characters")
 
 
 def validate_article(payload: dict[str, Any]) -> None:
@@ -54,6 +61,17 @@ def validate_article(payload: dict[str, Any]) -> None:
 
 def validate_ticket(payload: dict[str, Any]) -> None:
     _fields(payload, {"ticket_id": 100, "customer_id": 100, "message": 10_000})
+
+
+# --- drafts an editor edits in review: the same rules, on the draft's text fields ------------
+
+
+def check_article_draft(draft: dict[str, Any]) -> None:
+    _texts(draft, {"title": 300, "body": 20_000}, "draft")
+
+
+def check_reply_draft(draft: dict[str, Any]) -> None:
+    _texts(draft, {"subject": 300, "body": 20_000}, "draft")
 
 
 def _approved(ctx: StepContext, draft_step: str, review_step: str) -> dict[str, Any]:
@@ -84,8 +102,13 @@ def generate_draft(ctx: StepContext) -> dict[str, Any]:
 
 
 def publish(ctx: StepContext) -> dict[str, Any]:
-    draft = _approved(ctx, "generate_draft", "editor_review")
-    approval = ctx.results["editor_review"]
+    return publish_approved(ctx, "editor_review")
+
+
+def publish_approved(ctx: StepContext, review_step: str) -> dict[str, Any]:
+    """Publish the draft ``review_step`` approved, once (the remote honours keys)."""
+    draft = _approved(ctx, "generate_draft", review_step)
+    approval = ctx.results[review_step]
     answer = ctx.effects.run(
         "publish",
         lambda key: remote.post_json(
@@ -133,6 +156,8 @@ PUBLISH_ARTICLE = register(
                     group="editors",
                     expires_after=timedelta(hours=48),
                     on_expiry="dead_letter",
+                    editable=("title", "body"),
+                    check_draft=check_article_draft,
                 ),
                 StepSpec("publish", publish, max_attempts=5, backoff_base=1.0, backoff_cap=60.0),
                 StepSpec("cleanup", cleanup),
@@ -206,6 +231,8 @@ TICKET_REPLY = register(
                     group="editors",
                     expires_after=timedelta(hours=24),
                     on_expiry="cancel",
+                    editable=("subject", "body"),
+                    check_draft=check_reply_draft,
                 ),
                 # The mail remote cannot deduplicate: failures before sending are
                 # retried, a timeout after sending waits for a person.
@@ -214,6 +241,81 @@ TICKET_REPLY = register(
             validate_payload=validate_ticket,
             description="Draft a reply to a support ticket, have an editor approve it, send it.",
         )
+    )
+)
+
+
+# --- press_release ---------------------------------------------------------------------------
+
+
+def publish_release(ctx: StepContext) -> dict[str, Any]:
+    return publish_approved(ctx, "board_review")
+
+
+PRESS_RELEASE = register(
+    check_workflow(
+        Workflow(
+            "press_release",
+            1,
+            steps=(
+                StepSpec("generate_draft", generate_draft),
+                approval_step(
+                    "board_review",
+                    draft_from="generate_draft",
+                    action="publish",
+                    summary=lambda ctx: (
+                        f"Publishes press release {ctx.payload['article_id']} "
+                        f"“{ctx.payload['title']}” to {settings.PUBLISH_URL}"
+                    ),
+                    group="editors",
+                    quorum=2,
+                    escalate_to="senior_editors",
+                    escalate_after=timedelta(hours=8),
+                    remind_before=timedelta(hours=4),
+                    expires_after=timedelta(hours=24),
+                    on_expiry="dead_letter",
+                    editable=("title", "body"),
+                    check_draft=check_article_draft,
+                ),
+                StepSpec(
+                    "publish", publish_release, max_attempts=5, backoff_base=1.0, backoff_cap=60.0
+                ),
+            ),
+            validate_payload=validate_article,
+            description=(
+                "Draft a press release; two editors approve it (senior editors too after "
+                "8 hours undecided); publish it once."
+            ),
+        )
+    )
+)
+
+
+# --- approvals.notify ---------------------------------------------------------------------------
+
+
+def validate_notice(payload: dict[str, Any]) -> None:
+    if payload.get("kind") not in notices.KINDS:
+        raise InvalidPayload(
+            "payload.kind", "choice", f"payload.kind: one of {', '.join(notices.KINDS)}"
+        )
+    to = payload.get("to")
+    if not isinstance(to, list) or not to or not all(isinstance(name, str) for name in to):
+        raise InvalidPayload("payload.to", "required", "payload.to: a list of usernames")
+
+
+NOTIFY = register(
+    Workflow(
+        notices.NOTIFY,
+        1,
+        steps=(
+            StepSpec(
+                "send", notices.send_notice, max_attempts=5, backoff_base=5.0, backoff_cap=300.0
+            ),
+        ),
+        validate_payload=validate_notice,
+        description="Tells approvers by mail that a draft waits for them (once per request "
+        "and kind).",
     )
 )
 

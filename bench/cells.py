@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import report
-from .common import ROOT, wait_for
-from .procs import ProcessGroup, cpu_seconds, cpu_used, named
-from .server_stats import CountingConnection, ServerStats
-from .systems import Ctx, Progress, System
+from bench import report
+from bench.common import ROOT, wait_for
+from bench.procs import ProcessGroup, cpu_seconds, cpu_used, named
+from bench.server_stats import CountingConnection, ServerStats
+from bench.systems import Ctx, Progress, System
 
 
 @dataclass(frozen=True)

@@ -40,16 +40,16 @@ from typing import Any
 import psycopg
 import redis
 
-from . import report, scale_cells
-from .cells import MODES, Bench, Mode
-from .common import BENCH_DIR, ROOT, scalar
-from .console_cells import CONSOLE_PAGES, Console
-from .databases import Server, discover, prepare_database, with_database
-from .environment import code_fingerprint, environment, git_state
-from .peers import Dbos, Dtdb, Pgq, Pgq100
-from .procs import stop_all
-from .server_stats import ServerStats, table_persistence
-from .systems import Ctx, PlainCelery, Proc, Proc10, Raw, System, Us, UsProcfile
+from bench import report, scale_cells
+from bench.cells import MODES, Bench, Mode
+from bench.common import BENCH_DIR, ROOT, scalar
+from bench.console_cells import CONSOLE_PAGES, Console
+from bench.databases import Server, discover, prepare_database, with_database
+from bench.environment import code_fingerprint, environment, git_state
+from bench.peers import Dbos, Dtdb, Pgq, Pgq100
+from bench.procs import stop_all
+from bench.server_stats import ServerStats, table_persistence
+from bench.systems import Ctx, PlainCelery, Proc, Proc10, Raw, System, Us, UsProcfile
 
 BENCH_DB = "task_console_bench"
 # Every system by key, and those a run takes unless --systems names others: PROC c1 (the

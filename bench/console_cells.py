@@ -9,12 +9,12 @@ import statistics
 import time
 from typing import Any
 
-from . import dataset
-from .cells import Mode
-from .common import ROOT
-from .databases import CONSOLE_DB, Server, migrate, with_database
-from .pages import PAGES, BadAnswer, PageProcess
-from .systems import Ctx
+from bench import dataset
+from bench.cells import Mode
+from bench.common import ROOT
+from bench.databases import CONSOLE_DB, Server, migrate, with_database
+from bench.pages import PAGES, BadAnswer, PageProcess
+from bench.systems import Ctx
 
 CONSOLE_PAGES = tuple(PAGES)
 

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from .common import ROOT, scalar
-from .systems import Ctx
+from bench.common import ROOT, scalar
+from bench.systems import Ctx
 
 LOCK_KEY = 7_311_003  # pg advisory lock: one bench run per server at a time
 # The console cells' data sets: one database per size, "bench_console_<tasks>".

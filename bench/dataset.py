@@ -15,14 +15,13 @@ plus the same few hundred tasks of active work at every size from 10,000 up:
 One step per task (position 0, revision 0), its id the task's. Workflows ``demo.noop``,
 ``demo.flaky``, ``publish_article``, ``ticket_reply`` (version 1), queue ``default``.
 
-The metrics counters hold what that history counted (per workflow: enqueues, the run-time
-histogram, retries and dead letters), and the workflow figures' samples what the sweeper
-would have taken of them over the last fifteen days (``tasks_app.workflow_figures``: one
-per workflow each minute its totals changed and the first of each hour over the last two
-days, the hourly ones before), so their size follows the days sampled, not the tasks.
-The tables are truncated and filled in one transaction with ``COPY … FREEZE`` (rows
-visible to all, as old history is after vacuum), the identity sequences set past the
-rows, then ``VACUUM (ANALYZE)``. Nothing here imports Django.
+The metrics counters hold what that history counted (per workflow: enqueues, the run-time histogram,
+retries and dead letters), and the workflow figures' samples what the sweeper would have taken of
+them over the last fifteen days (``tasks_app.observability.workflow_samples``: one per workflow each
+minute its totals changed and the first of each hour over the last two days, the hourly ones
+before), so their size follows the days sampled, not the tasks. The tables are truncated and filled
+in one transaction with ``COPY … FREEZE`` (rows visible to all, as old history is after vacuum), the
+identity sequences set past the rows, then ``VACUUM (ANALYZE)``. Nothing here imports Django.
 """
 
 from __future__ import annotations
@@ -71,9 +70,9 @@ RESULTS = {
 ERROR_CLASS = "tasks_app.exceptions.RetryableError"
 TRACEBACK = (
     "Traceback (most recent call last):\n"
-    '  File "/app/tasks_app/runner.py", line 212, in run_claim\n'
+    '  File "/app/tasks_app/engine/runner.py", line 212, in run_claim\n'
     "    result = spec.handler(ctx)\n"
-    '  File "/app/tasks_app/demo_workflows.py", line 52, in flaky\n'
+    '  File "/app/tasks_app/demo/workflows.py", line 52, in flaky\n'
     '    raise error(f"failing on claim {ctx.fencing_token} (fail_rate {rate})")\n'
     "tasks_app.exceptions.RetryableError: failing on claim {token} (fail_rate 0.5)\n"
 )
@@ -100,8 +99,8 @@ def jtext(value: Any) -> str:
 # The step keeps the last claim's traceback; each failure event its own (the last 2,000
 # characters).
 ERROR_FIELD = copy_text(TRACEBACK.replace("{token}", "3"))
-# The cause a dead step of that traceback stores (tasks_app.fingerprints: the numbers are
-# masked, so every dead step here has this one); tests/test_bench_console_data.py checks it.
+# The cause a dead step of that traceback stores (tasks_app.engine.fingerprints: the numbers are
+# masked, so every dead step here has this one); tests/project/test_bench_console_data.py checks it.
 CAUSE = "6d7e53647bc0eaee"
 ERROR_JSON = {token: jtext(TRACEBACK.replace("{token}", str(token))[-2000:]) for token in (1, 2, 3)}
 
@@ -163,8 +162,9 @@ def _frac(task_id: int, salt: int) -> float:
     return (((task_id * 2654435761) ^ (salt * 40503)) & 0xFFFF) / 65536
 
 
-# The step run-time histogram's bounds (tasks_app.counting.STEP_SECONDS_BUCKETS), their
-# counter labels, and how long the samples are kept (tasks_app.workflow_figures).
+# The step run-time histogram's bounds (tasks_app.observability.counting.STEP_SECONDS_BUCKETS),
+# their counter labels, and how long the samples are kept
+# (tasks_app.observability.workflow_samples).
 RUN_BOUNDS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 RUN_LABELS = (*(f"{b:g}" for b in RUN_BOUNDS), "inf")
 SAMPLED_SPAN = 15 * 24 * 3600.0

@@ -26,7 +26,7 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig
 
-from .common import ENV_DSN, mark_ready
+from bench.common import ENV_DSN, mark_ready
 
 APP_NAME = "bench"
 QUEUE = "bench"

@@ -24,8 +24,8 @@ def main() -> None:
     from django.core.management import execute_from_command_line
     from django.db import connection
 
-    from .common import mark_ready, wait_for_go
-    from .dtdb_app import QUEUE
+    from bench.common import mark_ready, wait_for_go
+    from bench.dtdb_app import QUEUE
 
     connection.ensure_connection()
     mark_ready()

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from .common import ROOT
-from .server_stats import ServerStats, redis_settings, redis_version
+from bench.common import ROOT
+from bench.server_stats import ServerStats, redis_settings, redis_version
 
 # Distribution -> its name in the results ("redis" alone would read as the server).
 PACKAGES = {

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from .common import ROOT, scalar
-from .procs import ProcessGroup
-from .systems import Progress, _GoFileBased
+from bench.common import ROOT, scalar
+from bench.procs import ProcessGroup
+from bench.systems import Progress, _GoFileBased
 
 
 def run_tool(argv: list[str], env: dict[str, str], what: str) -> None:

@@ -23,7 +23,7 @@ from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
 
-from .common import ENV_DSN, mark_ready, wait_for_go
+from bench.common import ENV_DSN, mark_ready, wait_for_go
 
 ENTRYPOINT = "bench_noop"
 

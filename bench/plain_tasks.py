@@ -15,8 +15,8 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
-from . import worker_hooks  # noqa: F401  (the ready signal for the harness)
-from .common import PLAIN_STARTS_KEY
+from bench import worker_hooks  # noqa: F401  (the ready signal for the harness)
+from bench.common import PLAIN_STARTS_KEY
 
 _client: redis.Redis | None = None
 

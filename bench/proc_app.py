@@ -13,7 +13,7 @@ from typing import Any
 
 import procrastinate
 
-from .common import ENV_DSN, PROC_QUEUE
+from bench.common import ENV_DSN, PROC_QUEUE
 
 
 @dataclass(frozen=True)

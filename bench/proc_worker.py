@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from .common import ENV_PROC_CONCURRENCY, PROC_QUEUE, mark_ready, wait_for_go
-from .proc_app import make_app
+from bench.common import ENV_PROC_CONCURRENCY, PROC_QUEUE, mark_ready, wait_for_go
+from bench.proc_app import make_app
 
 
 async def main() -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .common import ROOT
+from bench.common import ROOT
 
 # Every group not yet stopped; the harness's finally stops what is left.
 _LIVE: list[ProcessGroup] = []

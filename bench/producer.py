@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from .common import ENV_DSN, PLAIN_QUEUE
+from bench.common import ENV_DSN, PLAIN_QUEUE
 
 
 class Client(Protocol):
@@ -80,9 +80,8 @@ class CeleryClient:
 
     def __init__(self) -> None:
         _django()
+        from bench import plain_tasks
         from config.celery import app
-
-        from . import plain_tasks
 
         self.app = app
         self.task = plain_tasks.noop
@@ -108,7 +107,7 @@ class ProcClient:
     """procrastinate's synchronous defer / batch_defer."""
 
     def __init__(self) -> None:
-        from .proc_app import make_app
+        from bench.proc_app import make_app
 
         self.proc = make_app()
         self.proc.app.open()
@@ -149,13 +148,13 @@ class RawClient:
         return conn
 
     def send_one(self, seq: int) -> int:
-        from .raw import INSERT_ONE
+        from bench.raw import INSERT_ONE
 
         row = self._conn().execute(INSERT_ONE, ("{}",)).fetchone()
         return int(row[0])
 
     def send_batch(self, n: int) -> list[int]:
-        from .raw import INSERT_MANY
+        from bench.raw import INSERT_MANY
 
         conn = self._conn()
         with conn.transaction():
@@ -197,14 +196,14 @@ class PgqClient:
         return state[0], state[1]
 
     def send_one(self, seq: int) -> int:
-        from .pgq_app import ENTRYPOINT
+        from bench.pgq_app import ENTRYPOINT
 
         loop, queries = self._queries()
         ids = loop.run_until_complete(queries.enqueue(ENTRYPOINT, None))
         return int(ids[0])
 
     def send_batch(self, n: int) -> list[int]:
-        from .pgq_app import ENTRYPOINT
+        from bench.pgq_app import ENTRYPOINT
 
         loop, queries = self._queries()
         ids = loop.run_until_complete(queries.enqueue([ENTRYPOINT] * n, [None] * n, [0] * n))
@@ -227,7 +226,7 @@ class DbosClient:
     def __init__(self) -> None:
         from dbos import DBOSClient
 
-        from .dbos_app import SCHEMA, system_database_url
+        from bench.dbos_app import SCHEMA, system_database_url
 
         self.url = system_database_url(os.environ[ENV_DSN])
         self.client = DBOSClient(system_database_url=self.url, dbos_system_schema=SCHEMA)
@@ -235,7 +234,7 @@ class DbosClient:
         self.engine: Any = None
 
     def _options(self, workflow_id: str | None = None) -> Any:
-        from .dbos_app import QUEUE, WORKFLOW
+        from bench.dbos_app import QUEUE, WORKFLOW
 
         options: dict[str, Any] = {"workflow_name": WORKFLOW, "queue_name": QUEUE}
         if workflow_id is not None:
@@ -277,7 +276,7 @@ class DtdbClient:
         import django
 
         django.setup()
-        from .dtdb_app import noop
+        from bench.dtdb_app import noop
 
         self.task = noop
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from .common import ENV_DSN, RAW_CHANNEL, mark_ready, wait_for_go
+from bench.common import ENV_DSN, RAW_CHANNEL, mark_ready, wait_for_go
 
 TABLE = "bench_raw_job"
 

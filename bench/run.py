@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import Interrupted, main
+from bench.cli import Interrupted, main
 
 if __name__ == "__main__":
     try:

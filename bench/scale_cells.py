@@ -30,10 +30,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .cells import Bench
-from .procs import stop_all
-from .report import BURNDOWN, HELD_SNAPSHOT
-from .systems import Progress, System
+from bench.cells import Bench
+from bench.procs import stop_all
+from bench.report import BURNDOWN, HELD_SNAPSHOT
+from bench.systems import Progress, System
 
 WORKERS = 2
 # The systems the scale cells run for when --systems names none (each takes minutes).

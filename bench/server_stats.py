@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import redis
 
-from .common import scalar, wait_for
+from bench.common import scalar, wait_for
 
 POSTGRES_SETTINGS = (
     "server_version",

@@ -20,7 +20,7 @@ import psycopg
 import redis
 from honcho.environ import parse_procfile
 
-from .common import (
+from bench.common import (
     ENV_DSN,
     ENV_GO_FILE,
     ENV_PROC_CONCURRENCY,
@@ -30,9 +30,9 @@ from .common import (
     ROOT,
     scalar,
 )
-from .procs import ProcessGroup, children, memory_kib
-from .raw import SCHEMA as RAW_SCHEMA
-from .raw import TABLE as RAW_TABLE
+from bench.procs import ProcessGroup, children, memory_kib
+from bench.raw import SCHEMA as RAW_SCHEMA
+from bench.raw import TABLE as RAW_TABLE
 
 CELERY_FLAGS = [
     "--pool=prefork",
@@ -464,7 +464,7 @@ class Proc(_GoFileBased):
     tables = ("procrastinate_jobs", "procrastinate_events", "procrastinate_periodic_defers")
 
     def install(self) -> None:
-        from .proc_app import apply_schema
+        from bench.proc_app import apply_schema
 
         apply_schema(self.ctx.dsn)
 

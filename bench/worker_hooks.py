@@ -8,7 +8,7 @@ from typing import Any
 
 from celery.signals import worker_ready
 
-from .common import mark_ready
+from bench.common import mark_ready
 
 
 @worker_ready.connect

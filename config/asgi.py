@@ -1,3 +1,5 @@
+"""The ASGI entry point."""
+
 from __future__ import annotations
 
 import os

@@ -1,3 +1,6 @@
+"""The Celery app: its settings are Django's (namespace ``CELERY``), its tasks the
+installed apps'."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +21,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from .logs import DiscardSummary
+from tasks_app.observability.logs import DiscardSummary
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -33,7 +36,7 @@ def _fresh_enough_connections(**kwargs: Any) -> None:
     or outlived CONN_MAX_AGE, keep the rest (and their prepared statements)."""
     from django.db import close_old_connections
 
-    from tasks_app.idle_connections import idle_closer
+    from tasks_app.db.idle_connections import idle_closer
 
     idle_closer.busy()
     close_old_connections()
@@ -42,8 +45,8 @@ def _fresh_enough_connections(**kwargs: Any) -> None:
 @task_postrun.connect
 def _connections_rest(**kwargs: Any) -> None:
     """After each task: a process that runs no other task for ``CONN_MAX_AGE`` gives its
-    connection back (tasks_app.idle_connections)."""
-    from tasks_app.idle_connections import idle_closer
+    connection back (tasks_app.db.idle_connections)."""
+    from tasks_app.db.idle_connections import idle_closer
 
     idle_closer.rest()
 
@@ -54,11 +57,11 @@ _heartbeat: Any = None
 @worker_ready.connect
 def _report_presence(sender: Any, **kwargs: Any) -> None:
     """A worker node reports itself now and every TASKS_HEARTBEAT_SECONDS after, from a
-    thread of its main process (tasks_app.presence)."""
+    thread of its main process (tasks_app.observability.presence)."""
     global _heartbeat
     from django.conf import settings
 
-    from tasks_app import presence
+    from tasks_app.observability import presence
 
     consumer = sender
     node = presence.describe_consumer(consumer)
@@ -73,7 +76,7 @@ def _report_presence(sender: Any, **kwargs: Any) -> None:
 def _report_shutdown(sender: Any, **kwargs: Any) -> None:
     from django.db import DatabaseError
 
-    from tasks_app import presence
+    from tasks_app.observability import presence
 
     if _heartbeat is None:
         return
@@ -86,57 +89,57 @@ def _report_shutdown(sender: Any, **kwargs: Any) -> None:
 @worker_init.connect
 def _refuse_a_taken_name(sender: Any, **kwargs: Any) -> None:
     """A node whose name another live node reports under does not start: one heartbeat row
-    would stand for both, and a dead one would look live (tasks_app.presence)."""
+    would stand for both, and a dead one would look live (tasks_app.observability.presence)."""
     import logging
     import os
     import socket
 
     from django.db import DatabaseError
 
-    from tasks_app import presence
+    from tasks_app.observability import presence
 
     try:
         taken = presence.name_taken(sender.hostname, socket.gethostname(), os.getpid())
     except DatabaseError:
         return  # without the database the name cannot be checked: the node starts
     if taken is not None:
-        logging.getLogger("tasks_app.presence").critical("not starting: %s", taken)
+        logging.getLogger("tasks_app.observability.presence").critical("not starting: %s", taken)
         raise SystemExit(2)
 
 
 @worker_init.connect
 def _prepare_claims_records(**kwargs: Any) -> None:
     """The main process makes the directory where its pool processes record what they
-    hold, so it can hand their claims back if one dies (tasks_app.crashes)."""
-    from tasks_app import crashes
+    hold, so it can hand their claims back if one dies (tasks_app.engine.crashes)."""
+    from tasks_app.engine import crashes
 
     crashes.prepare()
 
 
 @worker_ready.connect
 def _watch_pool_processes(**kwargs: Any) -> None:
-    from tasks_app import crashes
+    from tasks_app.engine import crashes
 
     crashes.watch()
 
 
 @worker_process_init.connect
 def _record_claims(**kwargs: Any) -> None:
-    from tasks_app import crashes
+    from tasks_app.engine import crashes
 
     crashes.start_recording()
 
 
 @worker_process_shutdown.connect
 def _stop_recording_claims(**kwargs: Any) -> None:
-    from tasks_app import crashes
+    from tasks_app.engine import crashes
 
     crashes.stop_recording()
 
 
 @worker_shutdown.connect
 def _remove_claims_records(**kwargs: Any) -> None:
-    from tasks_app import crashes
+    from tasks_app.engine import crashes
 
     crashes.clean_up()
 

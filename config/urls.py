@@ -1,3 +1,6 @@
+"""The project's URLs: the console, the admin, login and logout, and the demo's fake
+remotes."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -17,8 +20,8 @@ handler500 = "console.errors.server_error"
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
-    # Of django.contrib.auth's views only login and logout: no mail is sent from here, so
-    # the password-reset views could only fail (README, Logins: how a password is reset).
+    # Of django.contrib.auth's views only login and logout: a password is reset by an admin
+    # or a command, never by mail (README, Logins: how a password is reset).
     path("accounts/login/", logins.login, name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("console.urls")),
@@ -27,4 +30,4 @@ urlpatterns: list[URLPattern | URLResolver] = [
 if settings.TASKS_FAKE_REMOTES:
     # Stand-ins for the publishing and mail services, so the demo completes (never in
     # production: the settings refuse to start with them on).
-    urlpatterns.append(path("fake/", include("config.fake_urls")))
+    urlpatterns.append(path("fake/", include("tasks_app.demo.fake_urls")))

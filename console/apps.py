@@ -1,3 +1,5 @@
+"""The console app: the on-call, editors' and auditors' pages."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

@@ -6,7 +6,7 @@ The columns outside code reads come first and stay as they were (``id`` … ``da
 later ones are only ever added at the end: ``label`` (the action as the console names
 it), ``workflow`` (of the event's task while it is stored), ``bulk_plan_id`` (the bulk
 action the event was part of) and ``chain_hash`` (operator events' link in the audit
-chain, ``tasks_app.audit_chain``).
+chain, ``tasks_app.operations.audit_chain``).
 
 The file ends with the chain's head as one more row: its first cell reads
 ``# chain head: event <id> <sha-256>`` and the others are empty, so every row has the
@@ -28,11 +28,10 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from tasks_app import audit_chain, lists, redaction
-from tasks_app.audit_chain import Link
+from console.presenters import csv_cell
 from tasks_app.models import Event, EventKind
-
-from .presenters import csv_cell
+from tasks_app.operations import audit_chain, audit_verify, listings, redaction
+from tasks_app.operations.audit_chain import Link
 
 COLUMNS = [
     "id",
@@ -98,7 +97,7 @@ def rows(events: QuerySet[Event]) -> Iterator[list[Any]]:
     head as it is once the last row was read: it covers every chained row listed."""
     yield COLUMNS
     for chunk in batched(events.iterator(chunk_size=CHUNK), CHUNK):
-        workflows = lists.task_workflows([e.task_id for e in chunk if e.task_id])
+        workflows = listings.task_workflows([e.task_id for e in chunk if e.task_id])
         for event in chunk:
             yield event_row(event, workflows.get(event.task_id or 0, ""))
     yield head_row(audit_chain.head())
@@ -202,7 +201,7 @@ def _check_head(check: ExportCheck, rows: dict[int, list[str]]) -> None:
                 f"names {head.hash}: not in the chain"
             )
         return
-    if audit_chain.checkpoints_recording(head):
+    if audit_verify.checkpoints_recording(head):
         return
     check.problems.append(
         f"chain head: event {head.event_id} is not in the database and no checkpoint "

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tasks_app import workflow_figures as figures
-from tasks_app.selectors import MinuteCount, StepRow
-
-from .presenters import moment, seconds
+from console.presenters import moment, seconds
+from tasks_app.observability import workflow_figures as figures
+from tasks_app.operations.selectors import MinuteCount, StepRow
 
 WIDTH = 720
 BAR_AREA_HEIGHT = 120

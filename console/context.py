@@ -1,3 +1,6 @@
+"""What every console page's template gets: its nav section, the approvals waiting for the
+reader, and whether the demo's mail is shown."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -6,6 +9,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from approvals import selectors as approval_selectors
+from console import mailbox
 
 # The nav entry each page belongs to, by URL name.
 SECTIONS = {
@@ -19,11 +23,13 @@ SECTIONS = {
     "approvals": "approvals",
     "review": "approvals",
     "decide": "approvals",
+    "edit_draft": "approvals",
     "queues": "queues",
     "audit": "audit",
     "workflows": "workflows",
     "workflow": "workflows",
     "workflow_causes": "workflows",
+    "mail": "mail",
 }
 
 
@@ -44,3 +50,8 @@ def approvals_waiting(request: HttpRequest) -> dict[str, Callable[[], int]]:
         return len(approval_selectors.decidable_by(user))
 
     return {"approvals_waiting": count}
+
+
+def demo_mail(request: HttpRequest) -> dict[str, bool]:
+    """Whether mail is written to files here (the demo): the nav then offers the Mail page."""
+    return {"demo_mail": mailbox.folder() is not None}

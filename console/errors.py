@@ -10,6 +10,7 @@ form the person used stays as it was and no bare fragment replaces the document.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -17,7 +18,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django_htmx.http import retarget
 
-from tasks_app import oplog
+from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
+from tasks_app.observability import oplog
+
+# What a service refuses with, for a person to read: each carries its ``http_status``.
+REFUSED = (NotPermitted, InvalidInput, InvalidTransition)
 
 TITLES = {
     400: "Bad request",
@@ -40,6 +45,39 @@ def error_response(request: HttpRequest, status: int, message: str) -> HttpRespo
         return response
     html = render_to_string("console/error.html", context, request=request)
     return HttpResponse(html, status=status)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a page answers a service's refusal: the status, and the notice to show ("" when
+    the form shows the error on the field it names)."""
+
+    status: int
+    message: str
+
+
+def refusal(
+    request: HttpRequest, exc: NotPermitted | InvalidInput | InvalidTransition, form: Any = None
+) -> Refusal:
+    """The answer to ``exc``: its own status; a permission refusal logged and said so; bad
+    input put on the field of ``form`` it names (or on the form as a whole)."""
+    if isinstance(exc, InvalidInput) and form is not None:
+        form.add_error(form_field(form, exc), str(exc))
+        return Refusal(exc.http_status, "")
+    if isinstance(exc, NotPermitted):
+        log_refusal(request, str(exc))
+        return Refusal(exc.http_status, f"Not permitted: {exc}")
+    return Refusal(exc.http_status, str(exc))
+
+
+def form_field(form: Any, exc: InvalidInput) -> str | None:
+    """The form field an input error belongs to: the field it names, the input it is in
+    (``payload`` for ``payload.title``), or the field after the input's name (``title``
+    for ``draft.title`` on a form of the draft's fields); None for the form as a whole."""
+    for name in (exc.field, exc.top_field, exc.field.split(".", 1)[-1]):
+        if name in form.fields:
+            return name
+    return None
 
 
 def log_refusal(request: HttpRequest, reason: str, *, status: int = 403) -> None:

@@ -1,9 +1,9 @@
 """The console's forms: filters read from the query string, and the fields of each action.
 
 Filters turn into the selectors' filter objects; a bad value is a form error naming the
-field. Action forms only parse; the rules (a reason is required, a payload follows the
-input rules) live in the services, whose :class:`InvalidInput` the views show on the
-field it names.
+field. Action forms parse; the rules (a reason is required, a payload follows the input
+rules, the bulk limit) live in the services, whose :class:`InvalidInput` the views show on
+the field it names (a bulk form's limit also defaults to the service's).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from urllib.parse import urlencode
 from django import forms
 from django.conf import settings
 
-from tasks_app import validation
+from tasks_app import services, validation
 from tasks_app.exceptions import InvalidInput
-from tasks_app.lists import AuditFilter, DeadFilter, TaskFilter, workflow_names
 from tasks_app.models import EventKind, TaskStatus
-from tasks_app.task_actions import ACTIONS
-from tasks_app.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
+from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
+from tasks_app.operations.listings import AuditFilter, DeadFilter, TaskFilter, workflow_names
+from tasks_app.operations.task_actions import ACTIONS
 
 
 def _choices(values: list[str], blank: str = "any") -> list[tuple[str, str]]:
@@ -313,7 +313,7 @@ class BulkForm(ReasonForm):
 
     def clean_limit(self) -> int:
         limit: int | None = self.cleaned_data.get("limit")
-        cap: int = settings.CONSOLE_BULK_LIMIT
+        cap = services.bulk_limit()
         if limit is None:
             return cap
         if limit > cap:
@@ -348,6 +348,40 @@ class DecisionForm(forms.Form):
         help_text="Required to reject or to request changes.",
     )
     draft_hash = forms.CharField(max_length=64, widget=forms.HiddenInput)
+
+
+class DraftEditForm(forms.Form):
+    """An editor's edit of the draft under review: one field per editable draft field
+    (``draft-title``), an optional note, and the hash of the draft they edited."""
+
+    prefix = "draft"
+    comment = forms.CharField(
+        required=False,
+        max_length=5000,
+        label="Note on your edit",
+        widget=forms.TextInput(),
+        help_text="Optional: what you changed and why, for the next reviewer.",
+    )
+    draft_hash = forms.CharField(max_length=64, widget=forms.HiddenInput)
+
+    def __init__(self, editable: dict[str, str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.editable = list(editable)
+        for name, text in editable.items():
+            long = "\n" in text or len(text) > 120
+            self.fields[name] = forms.CharField(
+                required=False,
+                strip=False,
+                initial=text,
+                label=name.replace("_", " ").capitalize(),
+                widget=forms.Textarea({"rows": 8}) if long else forms.TextInput(),
+            )
+        # The draft's fields first, in the draft's order; then the note.
+        self.order_fields([*self.editable, "comment"])
+
+    def changes(self) -> dict[str, str]:
+        """The edited fields' text, with a browser's line breaks (CR LF) made the draft's."""
+        return {name: self.cleaned_data[name].replace("\r\n", "\n") for name in self.editable}
 
 
 class WindowForm(forms.Form):

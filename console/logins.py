@@ -1,5 +1,5 @@
 """Logging in, to the console and to the admin, with django-axes refusing a username from
-an address after too many failures (config/settings.py, "logins").
+an address after too many failures (config/settings_console.py, "logins").
 
 Axes' backend refuses the login and flags the request (``axes_locked_out``); the forms
 here then say why instead of "wrong password", and axes' middleware answers with

@@ -11,10 +11,10 @@ from django.utils.deprecation import MiddlewareMixin
 class NoStoreMiddleware(MiddlewareMixin):
     """Marks every answer a view made ``Cache-Control: no-store``, unless it set its own.
 
-    It sits after WhiteNoise, which answers static files with their long caching before
-    any view runs, and after ``config.probes``, whose answers say no-store themselves. So
-    what it sees is dynamic: the console's pages, their htmx regions, refusals and
-    exports, the admin's and the login's (those two set never-cache already, and keep it).
+    It sits after WhiteNoise, which answers static files with their long caching before any view
+    runs, and after ``tasks_app.observability.probes``, whose answers say no-store themselves. So
+    what it sees is dynamic: the console's pages, their htmx regions, refusals and exports, the
+    admin's and the login's (those two set never-cache already, and keep it).
     """
 
     def process_response(

@@ -17,10 +17,11 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 
-from tasks_app import lists, selectors, services
-from tasks_app.lists import DeadFilter
+from tasks_app import services
 from tasks_app.models import Task
-from tasks_app.task_actions import ACTIONS
+from tasks_app.operations import listings, selectors
+from tasks_app.operations.listings import DeadFilter
+from tasks_app.operations.task_actions import ACTIONS
 
 SALT = "console.bulk-plan"
 
@@ -43,7 +44,7 @@ class BulkPlan:
 
     @classmethod
     def make(cls, *, action: str, filters: DeadFilter, limit: int, user_id: int) -> BulkPlan:
-        matching = lists.dead_tasks(filters).order_by("id")
+        matching = listings.dead_tasks(filters).order_by("id")
         return cls(
             id=services.new_plan_id(),
             action=action,
@@ -106,7 +107,7 @@ class BulkPlan:
         through the bulk service (one transaction and one event, with the plan's id, per
         task); the others are skipped and reported, and no other task is touched."""
         qualifying = set(
-            lists.dead_tasks(self.filters).filter(pk__in=self.ids).values_list("pk", flat=True)
+            listings.dead_tasks(self.filters).filter(pk__in=self.ids).values_list("pk", flat=True)
         )
         report = services.act_on_tasks(
             Task.objects.filter(pk__in=qualifying).order_by("id"),

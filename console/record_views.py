@@ -1,25 +1,27 @@
-"""The queues page with its switches, and the audit log with its CSV export."""
+"""The queues page with its switches, the audit log with its CSV export, and the demo's
+mail."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from tasks_app import audit_chain, lists, presence, selectors, services
-from tasks_app.exceptions import InvalidInput, NotPermitted
-
-from . import audit_csv, errors, forms, presenters
-from .views import (
+from console import audit_csv, errors, forms, mailbox, presenters
+from console.views import (
     EXPORT_AUDIT,
     VIEW_AUDIT,
     ConsoleRequest,
+    reads_filter,
     render_page,
     view_tasks,
 )
+from tasks_app import services
+from tasks_app.observability import presence
+from tasks_app.operations import audit_chain, listings, selectors
 
 # --- queues ---------------------------------------------------------------------------------
 
@@ -46,11 +48,10 @@ def _queue_action(request: ConsoleRequest, name: str, *, paused: bool) -> HttpRe
     switch = services.pause_queue if paused else services.resume_queue
     try:
         switch(name, actor=request.user, reason=form.cleaned_data.get("reason", ""))
-    except NotPermitted as exc:
-        errors.log_refusal(request, str(exc))
-        return _queues_page(request, status=403, error=f"Not permitted: {exc}")
-    except InvalidInput as exc:
-        return _queues_page(request, status=400, error=f"Queue {name}: {exc}")
+    except errors.REFUSED as exc:
+        refused = errors.refusal(request, exc)
+        said = refused.message if refused.status == 403 else f"Queue {name}: {refused.message}"
+        return _queues_page(request, status=refused.status, error=said)
     done = f"Queue {name} {'paused' if paused else 'resumed'}."
     messages.success(request, done)
     if request.htmx:
@@ -79,40 +80,61 @@ def queue_resume(request: ConsoleRequest, name: str) -> HttpResponse:
 # --- audit log ------------------------------------------------------------------------------
 
 
+def _audit_refused(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpResponse:
+    """The audit log's own page, its filter's problems named on it."""
+    context = {"form": form, "problems": forms.named_errors(form)}
+    return render_page(request, "console/audit.html", context, partial="results", status=400)
+
+
 @require_GET
 @permission_required(VIEW_AUDIT, raise_exception=True)
-def audit(request: ConsoleRequest) -> HttpResponse:
-    form = forms.AuditFilterForm(request.GET)
-    if not form.is_valid():
-        context = {"form": form, "problems": forms.named_errors(form)}
-        return render_page(request, "console/audit.html", context, partial="results", status=400)
-    page = lists.audit_page(form.filters(), after=form.cursor())
-    workflows = lists.task_workflows([e.task_id for e in page.rows if e.task_id])
+@reads_filter(forms.AuditFilterForm, refuse=_audit_refused)
+def audit(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpResponse:
+    page = listings.audit_page(form.filters(), after=form.cursor())
+    workflows = listings.task_workflows([e.task_id for e in page.rows if e.task_id])
     rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
     context = {"form": form, "page": page, "rows": rows, "head": audit_chain.head()}
     return render_page(request, "console/audit.html", context, partial="results")
 
 
+def _export_refused(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpResponse:
+    """A CSV's reader gets plain text: the filter's problems, one a line."""
+    problems = "\n".join(forms.named_errors(form))
+    return HttpResponseBadRequest(problems + "\n", content_type="text/plain; charset=utf-8")
+
+
 @require_GET
 @permission_required(EXPORT_AUDIT, raise_exception=True)
-def audit_export(request: ConsoleRequest) -> HttpResponseBase:
+@reads_filter(forms.AuditFilterForm, refuse=_export_refused)
+def audit_export(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpResponseBase:
     """The filtered audit log as CSV, streamed row by row, newest first; what producers and
-    people wrote is redacted as everywhere else (``tasks_app.redaction``), and no cell is a
-    formula (``presenters.csv_lines``). A bad filter answers 400 naming it, never a wider
-    export.
+    people wrote is redacted as everywhere else (``tasks_app.operations.redaction``), and no cell is
+    a formula (``presenters.csv_lines``). A bad filter answers 400 naming it, never a wider export.
 
     The last row is the audit chain's head, read after the last event row: its first cell
     ``# chain head: event <id> <hash>``, the others empty. A row of the header's width
     keeps the file a CSV any reader and spreadsheet opens; a reader of events skips the
     row by its ``#``. ``manage.py verify_audit --export FILE`` checks each row against the
     database and that head against the chain (``console.audit_csv``)."""
-    form = forms.AuditFilterForm(request.GET)
-    if not form.is_valid():
-        problems = "\n".join(forms.named_errors(form))
-        return HttpResponseBadRequest(problems + "\n", content_type="text/plain; charset=utf-8")
-    events = lists.audit_events(form.filters()).order_by("-id")
+    events = listings.audit_events(form.filters()).order_by("-id")
     response = StreamingHttpResponse(
         presenters.csv_lines(audit_csv.rows(events)), content_type="text/csv; charset=utf-8"
     )
     response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
     return response
+
+
+# --- the demo's mail ------------------------------------------------------------------------
+
+
+@require_GET
+def mail(request: ConsoleRequest) -> HttpResponse:
+    """The mail the demo sent to the reader (everyone's, for a superuser): only where mail
+    is written to files instead of sent."""
+    if mailbox.folder() is None:
+        raise Http404("mail is sent by SMTP here: read it in your mail client")
+    user = request.user
+    address = getattr(user, "email", "")
+    to = None if user.is_superuser else (address or "-")
+    context = {"mails": mailbox.messages(to=to), "everyone": to is None, "address": address}
+    return render_page(request, "console/mail.html", context, partial="results")

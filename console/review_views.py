@@ -1,8 +1,10 @@
-"""The editors' pages: the approvals they may decide, a review, and the decision."""
+"""The editors' pages: the approvals they may decide, a review, the decision, and an
+editor's own edit of the draft."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
@@ -12,15 +14,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import DECIDE_PERMISSION
-from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
-
-from . import errors, forms
-from .views import (
+from console import errors, forms
+from console.views import (
     VIEW_APPROVALS,
     ConsoleRequest,
-    form_field,
     render_page,
 )
 
@@ -46,18 +45,35 @@ def _review_page(
     approval: ApprovalRequest,
     *,
     form: forms.DecisionForm | None = None,
+    edit_form: forms.DraftEditForm | None = None,
     status: int = 200,
     error: str = "",
+    edit_error: str = "",
     done: str = "",
 ) -> HttpResponse:
+    r = approval_selectors.review(approval)
+    refused = approval_services.decide_refusal(approval, request.user)
+    name = request.user.get_username()
+    approved = any(vote.voter == name for vote in r.votes)
     context = {
-        "r": approval_selectors.review(approval),
+        "r": r,
         "form": form or forms.DecisionForm(initial={"draft_hash": approval.draft_hash}),
-        "refused": approval_services.decide_refusal(approval, request.user),
+        "edit_form": edit_form or _edit_form(r),
+        "refused": refused,
+        "approved": approval_selectors.already_approved(approval) if approved else "",
         "error": error,
+        "edit_error": edit_error,
         "done": done,
     }
     return render_page(request, "console/review.html", context, partial="decision", status=status)
+
+
+def _edit_form(r: approval_selectors.Review, data: Any = None) -> forms.DraftEditForm:
+    return forms.DraftEditForm(
+        {field.name: field.text for field in r.editable},
+        data,
+        initial={"draft_hash": r.request.draft_hash},
+    )
 
 
 DECISIONS: dict[str, tuple[Callable[..., ApprovalRequest], str]] = {
@@ -82,18 +98,55 @@ def decide(request: ConsoleRequest, pk: int) -> HttpResponse:
             comment=form.cleaned_data["comment"],
             draft_hash=form.cleaned_data["draft_hash"],
         )
-    except NotPermitted as exc:
-        errors.log_refusal(request, str(exc))
-        return _review_page(request, approval, form=form, status=403, error=f"Not permitted: {exc}")
-    except InvalidInput as exc:
-        form.add_error(form_field(form, exc), str(exc))
-        return _review_page(request, approval, form=form, status=400)
-    except InvalidTransition as exc:
+    except errors.REFUSED as exc:
+        refused = errors.refusal(request, exc, form)
         approval.refresh_from_db()
-        return _review_page(request, approval, form=form, status=409, error=str(exc))
+        return _review_page(
+            request, approval, form=form, status=refused.status, error=refused.message
+        )
+    approval.refresh_from_db()
     done = f"Approval #{approval.pk} {verb}."
+    if approval.status == ApprovalStatus.PENDING:
+        count = approval.votes.count()
+        done = (
+            f"Your approval is recorded ({count} of {approval.quorum}); "
+            f"{approval_services.still_needed(approval.quorum - count)} from someone else."
+        )
     if not request.htmx:
         messages.success(request, done)
         return redirect("console:approvals")
-    approval.refresh_from_db()
     return _review_page(request, approval, done=done)
+
+
+@require_POST
+@permission_required([VIEW_APPROVALS, DECIDE_PERMISSION], raise_exception=True)
+def edit(request: ConsoleRequest, pk: int) -> HttpResponse:
+    """An editor's own revision of the draft: on success, the review of the edited
+    revision; refused, the same review with the edit and why."""
+    approval = get_object_or_404(ApprovalRequest.objects.select_related("task", "step"), pk=pk)
+    form = _edit_form(approval_selectors.review(approval), request.POST)
+    if not form.is_valid():
+        return _review_page(request, approval, edit_form=form, status=400)
+    try:
+        successor = approval_services.edit_draft(
+            approval,
+            actor=request.user,
+            changes=form.changes(),
+            comment=form.cleaned_data["comment"],
+            draft_hash=form.cleaned_data["draft_hash"],
+        )
+    except errors.REFUSED as exc:
+        refused = errors.refusal(request, exc, form)
+        approval.refresh_from_db()
+        return _review_page(
+            request, approval, edit_form=form, status=refused.status, edit_error=refused.message
+        )
+    if successor is None:
+        messages.success(request, f"Your edit of approval #{approval.pk} is saved.")
+        return redirect("console:task", approval.task_id)
+    messages.success(
+        request,
+        f"Your edit is revision {successor.revision}, now review #{successor.pk}. "
+        "Read it once more, then decide.",
+    )
+    return redirect("console:review", successor.pk)

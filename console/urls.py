@@ -1,8 +1,10 @@
+"""The console's URLs (namespace ``console``)."""
+
 from __future__ import annotations
 
 from django.urls import path
 
-from . import record_views, review_views, views, workflow_views
+from console import dead_views, record_views, review_views, views, workflow_views
 
 app_name = "console"
 
@@ -15,17 +17,19 @@ urlpatterns = [
     path("tasks/<int:pk>/redrive/", views.task_redrive, name="task_redrive"),
     path("tasks/<int:pk>/resolve/", views.task_resolve, name="task_resolve"),
     path("tasks/<int:pk>/cancel/", views.task_cancel, name="task_cancel"),
-    path("dead/", views.dead_letters, name="dead"),
-    path("dead/groups/", views.dead_groups, name="dead_groups"),
-    path("dead/bulk/", views.dead_bulk, name="dead_bulk"),
+    path("dead/", dead_views.dead_letters, name="dead"),
+    path("dead/groups/", dead_views.dead_groups, name="dead_groups"),
+    path("dead/bulk/", dead_views.dead_bulk, name="dead_bulk"),
     path("approvals/", review_views.approval_list, name="approvals"),
     path("approvals/<int:pk>/", review_views.review, name="review"),
     path("approvals/<int:pk>/decide/", review_views.decide, name="decide"),
+    path("approvals/<int:pk>/edit/", review_views.edit, name="edit_draft"),
     path("queues/", record_views.queue_list, name="queues"),
     path("queues/<str:name>/pause/", record_views.queue_pause, name="queue_pause"),
     path("queues/<str:name>/resume/", record_views.queue_resume, name="queue_resume"),
     path("audit/", record_views.audit, name="audit"),
     path("audit/export.csv", record_views.audit_export, name="audit_export"),
+    path("mail/", record_views.mail, name="mail"),
     path("workflows/", workflow_views.workflow_list, name="workflows"),
     path("workflows/<str:name>/", workflow_views.workflow_detail, name="workflow"),
     path("workflows/<str:name>/causes/", workflow_views.workflow_causes, name="workflow_causes"),

@@ -1,10 +1,10 @@
 """The workflows pages: every workflow's figures over a window, and one workflow's over the
 last hour, day and week with its charts and its dead letters by cause.
 
-The figures come from the workflow figures' roll-up (``tasks_app.workflow_figures``): the
-counters now, less the samples the sweeper took; nothing here reads tasks, steps or
-events. The dead letters of one workflow, grouped by cause, are a region of their own
-that the page asks for once shown.
+The figures come from the workflow figures' roll-up (``tasks_app.observability.workflow_figures``):
+the counters now, less the samples the sweeper took; nothing here reads tasks, steps or events. The
+dead letters of one workflow, grouped by cause, are a region of their own that the page asks for
+once shown.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import Http404, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from tasks_app import lists
-from tasks_app import workflow_figures as figures
-from tasks_app.transitions import db_now
-
-from . import charts, forms
-from .views import ConsoleRequest, filter_refused, render_page, view_tasks
+from console import charts, forms
+from console.views import ConsoleRequest, reads_filter, render_page, view_tasks
+from tasks_app.engine.transitions import db_now
+from tasks_app.observability import workflow_figures as figures
+from tasks_app.operations import listings
 
 # The causes of dead letters shown on a workflow's page; the rest are a link away.
 TOP_CAUSES = 5
@@ -29,10 +29,8 @@ TOP_CAUSES = 5
 
 @require_GET
 @view_tasks
-def workflow_list(request: ConsoleRequest) -> HttpResponse:
-    form = forms.WindowForm(request.GET)
-    if not form.is_valid():
-        return filter_refused(request, form)
+@reads_filter(forms.WindowForm)
+def workflow_list(request: ConsoleRequest, form: forms.WindowForm) -> HttpResponse:
     window = form.chosen()
     now = db_now()
     context = {
@@ -46,16 +44,19 @@ def workflow_list(request: ConsoleRequest) -> HttpResponse:
 
 @require_GET
 @view_tasks
-def workflow_detail(request: ConsoleRequest, name: str) -> HttpResponse:
+def workflow_detail(request: ConsoleRequest, name: str) -> HttpResponseBase:
+    # An unknown name is not found before its window is read.
     if not figures.is_known(name):
         raise Http404("No workflow of that name is registered or was ever counted.")
-    form = forms.WindowForm(request.GET)
-    if not form.is_valid():
-        return filter_refused(request, form)
+    return _workflow_page(request, name)
+
+
+@reads_filter(forms.WindowForm)
+def _workflow_page(request: ConsoleRequest, form: forms.WindowForm, name: str) -> HttpResponse:
     window = form.chosen()
     now = db_now()
     bars = figures.series(name, window, now=now)
-    filterable = name in lists.workflow_names()
+    filterable = name in listings.workflow_names()
     context: dict[str, Any] = {
         "name": name,
         "rows": figures.workflow_figures(name, now=now),
@@ -76,10 +77,10 @@ def workflow_causes(request: ConsoleRequest, name: str) -> HttpResponse:
     """The largest causes of a workflow's dead letters: the region its page asks for once
     shown (grouping reads every dead letter of the workflow); a plain request goes to the
     page."""
-    if name not in lists.workflow_names():
+    if name not in listings.workflow_names():
         raise Http404("No workflow of that name is registered.")
     if not request.htmx:
         return redirect(reverse("console:workflow", args=[name]) + "#dead-heading")
-    causes = lists.dead_groups(lists.DeadFilter(workflow=name))
+    causes = listings.dead_groups(listings.DeadFilter(workflow=name))
     context = {"name": name, "causes": causes[:TOP_CAUSES], "more_causes": len(causes) > TOP_CAUSES}
     return render(request, "console/workflow.html#causes", context)

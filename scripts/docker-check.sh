@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the container image and checks that it runs (`make docker-check`; CI calls it).
-# Without Docker it says it skipped the build and succeeds: tests/test_dockerfile.py, part
+# Without Docker it says it skipped the build and succeeds: tests/project/test_dockerfile.py, part
 # of `make test`, lints the Dockerfile, the entrypoint and .dockerignore without Docker.
 #
 # With Docker:
@@ -19,7 +19,7 @@ say() { echo "docker-check: $*"; }
 
 if ! docker info >/dev/null 2>&1; then
   say "skipped the image build: Docker is not available ('docker info' failed)."
-  say "tests/test_dockerfile.py (make test) lints the Dockerfile instead."
+  say "tests/project/test_dockerfile.py (make test) lints the Dockerfile instead."
   exit 0
 fi
 
@@ -28,7 +28,7 @@ base=${DOCKER_CHECK_PYTHON_IMAGE:-$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
 if ! docker image inspect "$base" >/dev/null 2>&1 && ! docker pull "$base"; then
   # Docker without a registry to pull from: as good as no Docker for this check.
   say "skipped the image build: the base image $base is not here and cannot be pulled."
-  say "Set DOCKER_CHECK_PYTHON_IMAGE to one that is; tests/test_dockerfile.py lints the Dockerfile."
+  say "Set DOCKER_CHECK_PYTHON_IMAGE to one that is; tests/project/test_dockerfile.py lints the Dockerfile."
   exit 0
 fi
 

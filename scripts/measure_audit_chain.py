@@ -25,8 +25,8 @@ django.setup()
 
 from django.db import connection, transaction  # noqa: E402
 
-from tasks_app import audit_chain  # noqa: E402
 from tasks_app.models import Event, EventKind  # noqa: E402
+from tasks_app.operations import audit_chain, audit_verify  # noqa: E402
 
 SECONDS = float(os.environ.get("SECONDS", "5"))
 WAYS = ("plain", "lock", "chained")
@@ -64,7 +64,7 @@ def main() -> None:
             with context.Pool(n) as pool:
                 counts = pool.starmap(write, [(way, i) for i in range(n)])
             print(f"{n:>3} connections, {way:8}: {sum(counts) / SECONDS:8.0f} events/s", flush=True)
-    verdict = audit_chain.verify()
+    verdict = audit_verify.verify()
     print(f"chain verifies: {verdict.ok}, {verdict.checked} chained event(s)")
 
 

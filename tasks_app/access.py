@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
 
-from .exceptions import NotPermitted
+from tasks_app.exceptions import NotPermitted
 
 # A user (the console, the admin), a name such as "cli:alice" or "system:sweeper", or None.
 type Actor = AbstractUser | AnonymousUser | str | None

@@ -1,3 +1,6 @@
+"""The core's app: when Django starts, the shipped workflows register, the doorbell backstop
+hooks into the worker, and each PostgreSQL session is named for its process."""
+
 from __future__ import annotations
 
 import os
@@ -24,7 +27,9 @@ class TasksAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Workflows shipped with the app register themselves on import; a worker node's
-        # doorbell backstop starts and stops with the node (tasks_app.backstop's signals).
-        from . import backends, backstop, demo_workflows  # noqa: F401
+        # doorbell backstop starts and stops with the node (tasks_app.engine.backstop's signals).
+        from tasks_app import backends  # noqa: F401
+        from tasks_app.demo import workflows as demo_workflows  # noqa: F401
+        from tasks_app.engine import backstop  # noqa: F401
 
         connection_created.connect(_name_the_session, dispatch_uid="tasks_app.session_name")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any, cast
 
 from asgiref.sync import sync_to_async
@@ -28,22 +27,26 @@ from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultD
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
-from django.utils.module_loading import import_string
 
-from . import services, validation
+from tasks_app import services, validation
+from tasks_app.exceptions import InvalidInput, InvalidPayload, PermanentError
 
 # The error classes a result may name are part of this module's API.
-from .django_task_errors import FunctionMissing as FunctionMissing
-from .django_task_errors import InvalidReturnValue as InvalidReturnValue
-from .django_task_errors import LeaseExpired as LeaseExpired
-from .django_task_errors import TaskCancelled as TaskCancelled
-from .django_task_errors import TaskExited as TaskExited
-from .django_task_errors import WorkerRefused as WorkerRefused
-from .django_task_errors import json_return_value, task_errors, validate_call_payload
-from .exceptions import InvalidInput, InvalidPayload, PermanentError
-from .models import Lease, Step, Task, TaskStatus
-from .signals import task_cancelled, task_dead_lettered, task_succeeded
-from .workflows import StepContext, StepSpec, Workflow, register
+from tasks_app.integrations.django_task_errors import FunctionMissing as FunctionMissing
+from tasks_app.integrations.django_task_errors import InvalidReturnValue as InvalidReturnValue
+from tasks_app.integrations.django_task_errors import LeaseExpired as LeaseExpired
+from tasks_app.integrations.django_task_errors import TaskCancelled as TaskCancelled
+from tasks_app.integrations.django_task_errors import TaskExited as TaskExited
+from tasks_app.integrations.django_task_errors import WorkerRefused as WorkerRefused
+from tasks_app.integrations.django_task_errors import (
+    json_return_value,
+    task_errors,
+    validate_call_payload,
+)
+from tasks_app.integrations.django_task_functions import check_importable, import_task, stand_in
+from tasks_app.models import Lease, Step, Task, TaskStatus
+from tasks_app.signals import task_cancelled, task_dead_lettered, task_succeeded
+from tasks_app.workflows import StepContext, StepSpec, Workflow, register
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +122,7 @@ class DurableBackend(BaseTaskBackend):
         ``IdempotencyConflict`` is raised if they differ.
         """
         self.validate_task(task)
-        _check_importable(task)
+        check_importable(task)
         key = validation.validate_idempotency_key(idempotency_key)
         payload = self._payload(task, args, kwargs)
         try:
@@ -231,11 +234,11 @@ class DurableBackend(BaseTaskBackend):
         """
         path = str(row.payload.get("func", ""))
         try:
-            found = _import_task(path)
+            found = import_task(path)
             cls: type[DjangoTask[..., Any]] = type(found)
             func, takes_context = found.func, found.takes_context
         except FunctionMissing as exc:
-            cls, func, takes_context = DjangoTask, _vanished(path, str(exc)), False
+            cls, func, takes_context = DjangoTask, stand_in(path, str(exc)), False
         fields = {
             "func": func,
             "priority": row.priority,
@@ -249,40 +252,6 @@ class DurableBackend(BaseTaskBackend):
             value = fields.get(field.name, field.default)
             object.__setattr__(stored, field.name, value)
         return stored
-
-
-def _check_importable(task: DjangoTask[..., Any]) -> None:
-    try:
-        found = _import_task(task.module_path)
-    except FunctionMissing:
-        found = None
-    if found is None or found.func is not task.func:
-        raise InvalidTask(
-            f"The worker imports a task by its module path, and {task.module_path!r} does "
-            "not name this task: declare it with @task at the top level of an importable "
-            "module, under the function's own name."
-        )
-
-
-def _import_task(path: str) -> DjangoTask[..., Any]:
-    try:
-        found = import_string(path)
-    except Exception as exc:  # ImportError, or whatever importing its module raised
-        raise FunctionMissing(f"task function {path!r} cannot be imported: {exc}") from exc
-    if not isinstance(found, DjangoTask):
-        raise FunctionMissing(f"{path!r} is not a django.tasks Task")
-    return found
-
-
-def _vanished(path: str, reason: str) -> Callable[..., Any]:
-    module, _, name = path.rpartition(".")
-
-    def vanished(*args: Any, **kwargs: Any) -> Any:
-        raise FunctionMissing(reason)
-
-    vanished.__module__ = module
-    vanished.__name__ = vanished.__qualname__ = name
-    return vanished
 
 
 # --- the idempotency key ------------------------------------------------------------------------
@@ -369,7 +338,7 @@ def call(ctx: StepContext) -> dict[str, Any]:
     3. Call the function, with the same result as its context if it takes one.
     4. Check the return value is a JSON value; :class:`InvalidReturnValue` dead-letters.
     """
-    task = _import_task(str(ctx.payload.get("func", "")))
+    task = import_task(str(ctx.payload.get("func", "")))
     backend = _backend_of(ctx.payload)
     if backend is None:
         raise PermanentError(f"backend {ctx.payload.get('backend')!r} is not a DurableBackend")

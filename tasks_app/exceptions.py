@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import traceback
+from typing import ClassVar
 
 from django.core.exceptions import PermissionDenied
+
+# Each refusal a caller may show a person carries its HTTP status (``http_status``), the
+# way Django's own errors do: 400 bad input, 403 not permitted, 409 not possible now. The
+# console answers with it (``console.errors.refusal``); nothing maps them by hand.
 
 
 class InvalidInput(ValueError):
     """Bad input, refused before anything is written. Names the field and the rule."""
+
+    http_status: ClassVar[int] = 400
 
     def __init__(self, field: str, rule: str, message: str | None = None) -> None:
         self.field = field
@@ -32,6 +39,8 @@ class UnknownWorkflow(InvalidInput):
 class IdempotencyConflict(Exception):
     """The key is taken by a task with a different workflow or payload."""
 
+    http_status: ClassVar[int] = 409
+
     def __init__(self, idempotency_key: str, task_id: int | None) -> None:
         self.idempotency_key = idempotency_key
         self.task_id = task_id
@@ -44,6 +53,8 @@ class IdempotencyConflict(Exception):
 
 class InvalidTransition(Exception):
     """The action does not apply to the current state."""
+
+    http_status: ClassVar[int] = 409
 
 
 class AlreadyDecided(InvalidTransition):
@@ -62,7 +73,7 @@ class ApprovalExpired(InvalidTransition):
 
 
 class NotPermitted(PermissionDenied):
-    pass
+    http_status: ClassVar[int] = 403
 
 
 # --- raised by handlers -----------------------------------------------------------------
@@ -95,7 +106,7 @@ class RemoteRefused(PermanentError):
 
 # The ``error_class`` of a step whose attempt's lease ran out: its process may have died
 # running it (a poison step kills every process that runs it), so it is claimed only in a
-# batch of its own, never with other steps (``tasks_app.batch.claim_batch``).
+# batch of its own, never with other steps (``tasks_app.engine.fastpath.claim_batch``).
 LEASE_EXPIRED = "lease_expired"
 # The ``error_class`` of a step handed back by a worker that does not have its task's
 # workflow version registered (a rolling deploy): it waits for a worker that does, for

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .models import Event, EventKind, StepStatus, Task, TaskStatus
+from tasks_app.models import Event, EventKind, StepStatus, Task, TaskStatus
 
 
 def derive_task_status(

@@ -4,12 +4,12 @@ modules that hold them (one concern each).
 | module | holds |
 |---|---|
 | ``access`` | the ``Actor`` type, actor names, permission checks |
-| ``transitions`` | the clock, task locks, events, settling a task, what a success leads to |
-| ``enqueueing`` | ``enqueue``, ``enqueue_many``, ``get_task`` |
-| ``leases`` | claim, heartbeat, complete, fail, stale writes |
-| ``approval_steps`` | opening, settling and revising approval steps |
-| ``operator_actions`` | redrive, resolve, cancel, pause and resume, bulk actions |
-| ``sweeper`` | reaping expired leases, ringing again for due steps, registered jobs |
+| ``engine.transitions`` | the clock, task locks, events, settling a task, what a success leads to |
+| ``engine.enqueueing`` | ``enqueue``, ``enqueue_many``, ``get_task`` |
+| ``engine.leases`` | claim, heartbeat, complete, fail, stale writes |
+| ``engine.waiting`` | opening, settling, revising approval steps; a person's own draft |
+| ``operations.operator_actions`` | redrive, resolve, cancel, pause and resume, bulk actions |
+| ``engine.sweeper`` | reaping expired leases, ringing again for due steps, registered jobs |
 
 Each function changes state in one transaction and writes the Event of each transition
 beside it. Lock order is always task row, then step rows, so a cancel racing a claim or
@@ -19,10 +19,9 @@ task (a heartbeat, the effects ledger's start) take no other lock.
 
 from __future__ import annotations
 
-from .access import SWEEPER, SYSTEM, Actor, actor_fields, check_permission
-from .approval_steps import close_approval_step, open_approval_step, revise
-from .enqueueing import EnqueueResult, PreparedItem, enqueue, enqueue_many, get_task
-from .leases import (
+from tasks_app.access import SWEEPER, SYSTEM, Actor, actor_fields, check_permission
+from tasks_app.engine.enqueueing import EnqueueResult, PreparedItem, enqueue, enqueue_many, get_task
+from tasks_app.engine.leases import (
     Claim,
     HeartbeatResult,
     awaiting_version_since,
@@ -33,11 +32,30 @@ from .leases import (
     reject_stale,
     release_claim,
 )
-from .operator_actions import (
+from tasks_app.engine.sweeper import (
+    SweepReport,
+    reap_expired_leases,
+    redispatch_due,
+    register_sweep_job,
+    sweep,
+)
+from tasks_app.engine.transitions import (
+    bump_counter,
+    db_now,
+    event_error,
+    is_approval,
+    lock_task,
+    record_event,
+    step_context,
+    step_inputs,
+    try_lock_task,
+)
+from tasks_app.engine.waiting import close_approval_step, open_approval_step, replace_draft, revise
+from tasks_app.operations.operator_actions import (
     BULK_ACTIONS,
     BulkReport,
-    act_on_dead,
     act_on_tasks,
+    bulk_limit,
     cancel,
     check_bulk,
     new_plan_id,
@@ -46,23 +64,6 @@ from .operator_actions import (
     redrive,
     resolve,
     resume_queue,
-)
-from .sweeper import (
-    SweepReport,
-    reap_expired_leases,
-    redispatch_due,
-    register_sweep_job,
-    sweep,
-)
-from .transitions import (
-    bump_counter,
-    db_now,
-    event_error,
-    is_approval,
-    lock_task,
-    step_context,
-    step_inputs,
-    try_lock_task,
 )
 
 __all__ = [
@@ -76,10 +77,10 @@ __all__ = [
     "HeartbeatResult",
     "PreparedItem",
     "SweepReport",
-    "act_on_dead",
     "act_on_tasks",
     "actor_fields",
     "awaiting_version_since",
+    "bulk_limit",
     "bump_counter",
     "cancel",
     "check_bulk",
@@ -101,11 +102,13 @@ __all__ = [
     "pause_queue",
     "paused_queues",
     "reap_expired_leases",
+    "record_event",
     "redispatch_due",
     "redrive",
     "register_sweep_job",
     "reject_stale",
     "release_claim",
+    "replace_draft",
     "resolve",
     "resume_queue",
     "revise",

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from django.db import transaction
 from django.dispatch import Signal
 
-from .models import Task, TaskStatus
+from tasks_app.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
 

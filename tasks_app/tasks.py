@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from . import runner, services
+from tasks_app import services
+from tasks_app.engine import runner
 
 
 @shared_task(name="tasks_app.tasks.run_step", ignore_result=True)

@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from .exceptions import InvalidInput, InvalidPayload
+from tasks_app.exceptions import InvalidInput, InvalidPayload
 
 MAX_PAYLOAD_BYTES = 65_536
 MAX_DEPTH = 32

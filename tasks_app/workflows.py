@@ -4,7 +4,7 @@ Only registered workflows and step kinds run. A task keeps the version it was en
 under; a worker that does not have that version registered never runs it under other
 rules: it hands the step back to wait for a worker that has it (a rolling deploy), and
 after ``TASKS_VERSION_WAIT_SECONDS`` dead-letters it as ``incompatible_version``
-(``tasks_app.runner``).
+(``tasks_app.engine.runner``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import InvalidInput, InvalidPayload, UnknownWorkflow
+from tasks_app.exceptions import InvalidInput, InvalidPayload, UnknownWorkflow
 
 if TYPE_CHECKING:
-    from .effects import Effects
-    from .models import Step, Task
+    from tasks_app.engine.effects import Effects
+    from tasks_app.models import Step, Task
 
 Handler = Callable[["StepContext"], Any]
 PayloadValidator = Callable[[dict[str, Any]], None]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db.models.functions import Now
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from tasks_app import runner, services
+from tasks_app import services
+from tasks_app.engine import runner
 from tasks_app.models import Step, StepStatus, Task
 from tests.conftest import backdate
 
@@ -22,6 +24,23 @@ def article(actor: Any = "cli:producer", key: str = "publish:article-001:v1") ->
 
 def ticket(actor: Any = "cli:producer", key: str = "reply:T-42") -> Task:
     return services.enqueue("ticket_reply", TICKET, idempotency_key=key, actor=actor).task
+
+
+def press_release(actor: Any = "cli:producer", key: str = "press:article-001") -> Task:
+    """Two editors must approve it (quorum 2); senior editors may decide after 8 hours."""
+    return services.enqueue("press_release", ARTICLE, idempotency_key=key, actor=actor).task
+
+
+def notice_task(request: ApprovalRequest, kind: str) -> Task | None:
+    """The ``approvals.notify`` task of ``request``'s notice of ``kind``, if enqueued."""
+    return services.get_task(idempotency_key=f"approvals:notify:{request.pk}:{kind}")
+
+
+def mailable(user: User) -> User:
+    """``user``, given an address, so that notices reach them."""
+    user.email = f"{user.username}@newsroom.example"
+    user.save(update_fields=["email"])
+    return user
 
 
 def advance(task: Task, *, skip_backoff: bool = False, rounds: int = 10) -> Task:

@@ -21,9 +21,9 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 from django.db.models import F
 
-from tasks_app.dispatch import publisher
+from tasks_app.engine.dispatch import publisher
 from tasks_app.history import TaskState, fold
-from tasks_app.models import Step, Task
+from tasks_app.models import Event, Step, Task
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.remotes import LoopbackRemote, loopback_remotes
 
@@ -43,10 +43,10 @@ def ensure_groups() -> None:
             "tasks_app.migrations.0002_event_append_only_and_groups"
         )
         migration.create_groups(django_apps, None)
-    if not Group.objects.filter(name="editors").exists():
-        importlib.import_module("approvals.migrations.0002_editors_group").create_group(
-            django_apps, None
-        )
+    editors = importlib.import_module("approvals.migrations.0002_editors_group")
+    for name in ("editors", "senior_editors"):
+        if not Group.objects.filter(name=name).exists():
+            editors.create_group(django_apps, None, name=name)
 
 
 def _user(username: str, *groups: str, superuser: bool = False) -> User:
@@ -86,6 +86,12 @@ def other_editor(db: None) -> User:
 
 
 @pytest.fixture
+def senior_editor(db: None) -> User:
+    """Of the second group a request escalates to (press_release's senior_editors)."""
+    return _user("selma-senior", "senior_editors")
+
+
+@pytest.fixture
 def author(db: None) -> User:
     """An editor who also writes: enqueues tasks, so may not decide on them."""
     return _user("ava-author", "editors")
@@ -97,6 +103,12 @@ def superuser(db: None) -> User:
 
 
 # --- time and steps ------------------------------------------------------------------------
+
+
+def event_kinds(task: Task, *wanted: str) -> list[str]:
+    """The kinds of ``task``'s events in order (only the ``wanted`` ones, if named)."""
+    events = Event.objects.for_task(task.pk).values_list("kind", flat=True)
+    return [kind for kind in events if not wanted or kind in wanted]
 
 
 def backdate(step: Step, seconds: float = 3600) -> None:
@@ -130,6 +142,27 @@ def worker_thread(target: Callable[[], object], errors: list[BaseException]) -> 
             connection.close()
 
     return threading.Thread(target=work)
+
+
+def together(*actions: Callable[[], Any]) -> list[BaseException]:
+    """Run the actions at once, each in a thread with its own connection; their errors."""
+    barrier = threading.Barrier(len(actions))
+    errors: list[BaseException] = []
+
+    def starting(action: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            barrier.wait()
+            action()
+
+        return run
+
+    threads = [worker_thread(starting(action), errors) for action in actions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads), "an action is still waiting"
+    return errors
 
 
 # --- a two-step workflow ----------------------------------------------------------------------
@@ -262,9 +295,9 @@ def _threads_give_connections_back(django_db_setup: None) -> Iterator[None]:
     """The lease keeper keeps its connection while the process lives; before the test
     database is dropped, it gives it back."""
     yield
-    from tasks_app import runner
+    from tasks_app.engine.lease_keeper import lease_keeper
 
-    runner.lease_keeper.release_connection()
+    lease_keeper.release_connection()
 
 
 @pytest.fixture(autouse=True)

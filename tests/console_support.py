@@ -1,15 +1,15 @@
-"""Helpers for the tests of the console and the commands: logged-in clients and tasks in
-the states pages and commands act on, reached by running their steps in this process."""
+"""Helpers for the tests of the console and the commands: logged-in clients, a page's text,
+and the dead letters' bulk form previewed and confirmed as its two buttons do. The tasks
+pages and commands act on are built by ``tests.factories``."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.http.response import HttpResponseBase
 from django.test import Client
-
-from tasks_app import runner, services
-from tasks_app.models import Task, TaskStatus
 
 HTMX = {"HX-Request": "true"}
 
@@ -20,30 +20,29 @@ def login(user: User, **client_options: Any) -> Client:
     return client
 
 
-def dead_task(
-    payload: dict[str, Any] | None = None, *, key: str | None = None, actor: Any = "cli:producer"
-) -> Task:
-    """A ``demo.flaky`` task that died at its first claim (a permanent error unless the
-    payload says otherwise)."""
-    task = services.enqueue(
-        "demo.flaky",
-        payload if payload is not None else {"error": "permanent", "fail_first": 1},
-        idempotency_key=key,
-        actor=actor,
-    ).task
-    runner.run_task_steps(task)
-    task.refresh_from_db()
-    assert task.status == TaskStatus.DEAD, task.status
-    return task
+def body(response: HttpResponseBase) -> str:
+    content: bytes = response.content  # type: ignore[attr-defined]
+    return content.decode()
 
 
-def noop(key: str | None = None) -> Task:
-    return services.enqueue("demo.noop", {}, idempotency_key=key, actor="cli:producer").task
+# --- the dead letters' bulk form ------------------------------------------------------------
+
+PLAN = re.compile(r'name="plan" value="([^"]+)"')
 
 
-def succeeded(key: str | None = None) -> Task:
-    task = noop(key)
-    runner.run_task_steps(task)
-    task.refresh_from_db()
-    assert task.status == TaskStatus.SUCCEEDED
-    return task
+def post_bulk(client: Client, **fields: str) -> HttpResponseBase:
+    data = {"action": "redrive", "reason": "remote fixed", **fields}
+    return client.post("/dead/bulk/", data, headers=HTMX)
+
+
+def plan_of(response: HttpResponseBase) -> str:
+    found = PLAN.search(body(response))
+    assert found, body(response)[:2000]
+    return found.group(1)
+
+
+def confirm_bulk(client: Client, **fields: str) -> HttpResponseBase:
+    """Preview, then confirm the plan the preview made, as the page's two buttons do."""
+    preview = post_bulk(client, **fields)
+    assert preview.status_code == 200, body(preview)[:2000]
+    return post_bulk(client, **fields, confirm="1", plan=plan_of(preview))

@@ -1,5 +1,5 @@
 """The console's permission tables checked on the embedded default (SQLite), run as a
-script in a subprocess by tests/test_e2e_embedded.py: ``python -m tests.embedded_console``.
+script in a subprocess by tests/project/test_e2e_embedded.py: ``python -m tests.embedded_console``.
 
 Each page and action is tried for each role inside a transaction rolled back afterwards,
 so every case starts from the same world. Prints one JSON line per case.
@@ -20,14 +20,15 @@ from django.db import connection, transaction  # noqa: E402
 
 from tests.approval_support import advance, article, pending_request  # noqa: E402
 from tests.conftest import _user  # noqa: E402
-from tests.console_support import dead_task, login  # noqa: E402
-from tests.test_console_permissions import (  # noqa: E402
+from tests.console.test_console_permissions import (  # noqa: E402
     ACTION_CASES,
     PAGE_CASES,
     _page_url,
     post_action,
     snapshot,
 )
+from tests.console_support import login  # noqa: E402
+from tests.factories import dead_task  # noqa: E402
 
 
 class Rollback(Exception):

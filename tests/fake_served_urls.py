@@ -8,5 +8,5 @@ from config.urls import urlpatterns as project_urlpatterns
 
 urlpatterns: list[URLPattern | URLResolver] = [
     *[pattern for pattern in project_urlpatterns if str(pattern.pattern) != "fake/"],
-    path("fake/", include("config.fake_urls")),
+    path("fake/", include("tasks_app.demo.fake_urls")),
 ]

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 import redis
 
-from .e2e_support import spare_port, wait_for
+from tests.e2e_support import spare_port, wait_for
 
 
 class PrivateRedis:

@@ -1,6 +1,6 @@
 """The remote systems of the shipped workflows, served on loopback ports for the tests.
 
-Each wraps the app's own fake (:class:`config.fakes.FakeRemote`: the publishing one
+Each wraps the app's own fake (:class:`tasks_app.demo.fakes.FakeRemote`: the publishing one
 honours ``Idempotency-Key``, the mail one does not) in a small HTTP server the tests start,
 inspect and can tell to time out after accepting a request.
 """
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from config.fakes import FakeRemote
+from tasks_app.demo.fakes import FakeRemote
 
 # How long a held answer waits at most; far past any client timeout the tests use.
 HOLD_SECONDS = 30.0

@@ -17,24 +17,24 @@ PERMISSIONS = {
 GROUP = "editors"
 
 
-def create_group(apps, schema_editor):
+def create_group(apps, schema_editor, name=GROUP):
     ContentType = apps.get_model("contenttypes", "ContentType")
     Permission = apps.get_model("auth", "Permission")
     Group = apps.get_model("auth", "Group")
     permissions = []
     for (app_label, model), perms in PERMISSIONS.items():
         content_type, _ = ContentType.objects.get_or_create(app_label=app_label, model=model)
-        for codename, name in perms:
+        for codename, label in perms:
             permission, _ = Permission.objects.get_or_create(
-                content_type=content_type, codename=codename, defaults={"name": name}
+                content_type=content_type, codename=codename, defaults={"name": label}
             )
             permissions.append(permission)
-    group, _ = Group.objects.get_or_create(name=GROUP)
+    group, _ = Group.objects.get_or_create(name=name)
     group.permissions.add(*permissions)
 
 
-def remove_group(apps, schema_editor):
-    apps.get_model("auth", "Group").objects.filter(name=GROUP).delete()
+def remove_group(apps, schema_editor, name=GROUP):
+    apps.get_model("auth", "Group").objects.filter(name=name).delete()
 
 
 class Migration(migrations.Migration):

@@ -1,3 +1,6 @@
+"""The console's template filters and tags: times, labels, redaction, diffs and the wording
+of decisions."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -7,10 +10,10 @@ from django import template
 from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import mark_safe
 
-from approvals import selectors as approval_selectors
+from approvals import models as approval_models
 from approvals.models import ApprovalRequest
 from console import presenters
-from tasks_app.task_actions import ACTIONS
+from tasks_app.operations.task_actions import ACTIONS
 
 register = template.Library()
 
@@ -113,4 +116,4 @@ def dotted(value: str | None) -> str:
 @register.filter
 def decision_text(request: ApprovalRequest) -> str:
     """What became of an approval request, as a plain sentence ("mara asked for changes")."""
-    return approval_selectors.decision_text(request)
+    return approval_models.decision_text(request)

@@ -45,7 +45,7 @@ document.addEventListener("visibilitychange", () => {
 });
 
 // Relative times ({% when %}: "3 min ago") stay true while a page stays open: every 30 s
-// while the tab is visible. The wording is tasks_app.durations.short_duration's.
+// while the tab is visible. The wording is tasks_app.operations.durations.short_duration's.
 function shortDuration(seconds) {
   if (seconds < 60) return `${seconds} s`;
   const minutes = Math.floor(seconds / 60);

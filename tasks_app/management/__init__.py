@@ -1,0 +1,1 @@
+"""The core's management commands."""

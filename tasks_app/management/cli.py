@@ -20,13 +20,13 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import IO, Any, NoReturn
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 
-from tasks_app import lists, services, validation
+from tasks_app import services, validation
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Event, Step, Task, TaskStatus
+from tasks_app.operations import listings
 
 BAD_INPUT = 2
 REFUSALS = (InvalidInput, IdempotencyConflict, InvalidTransition, NotPermitted)
@@ -214,7 +214,7 @@ class TaskActionCommand(OperatorCommand):
         parser.add_argument(
             "--limit",
             type=positive_int,
-            help="act on at most this many tasks (default and cap: CONSOLE_BULK_LIMIT)",
+            help="act on at most this many tasks (default and cap: TASKS_BULK_LIMIT)",
         )
         parser.add_argument(
             "--dry-run",
@@ -233,7 +233,7 @@ class TaskActionCommand(OperatorCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         action = self.action(options)
         actor = actor_from(options["actor"])
-        limit = options["limit"] or settings.CONSOLE_BULK_LIMIT
+        limit = options["limit"] or services.bulk_limit()
         reason = options["reason"] or ""
         # The checks of a real run (the reason, the limit), made on no tasks: a dry run is
         # refused exactly when the run would be, and before anything is read.
@@ -251,11 +251,13 @@ class TaskActionCommand(OperatorCommand):
         chosen: QuerySet[Task]
         if ids:
             self._check_known(ids)
-            applicable = lists.operator_targets(statuses=self.statuses, ids=ids)
+            applicable = listings.operator_targets(statuses=self.statuses, ids=ids)
             # All of them: the service says why it skips those it does not apply to.
             chosen = Task.objects.filter(pk__in=ids).order_by("id")
         else:
-            applicable = chosen = lists.operator_targets(**{"statuses": self.statuses, **filters})
+            applicable = chosen = listings.operator_targets(
+                **{"statuses": self.statuses, **filters}
+            )
         if options["dry_run"]:
             self._preview(action, applicable, ids, limit)
             return
@@ -265,10 +267,10 @@ class TaskActionCommand(OperatorCommand):
         self._summarise(report, limit)
 
     def _filters(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The filters given, checked, as :func:`lists.operator_targets` takes them."""
+        """The filters given, checked, as :func:`listings.operator_targets` takes them."""
         given: dict[str, Any] = {}
         if options["workflow"] is not None:
-            names = lists.workflow_names()
+            names = listings.workflow_names()
             if options["workflow"] not in names:
                 raise bad_input(f"workflow: must be one of {', '.join(names)}")
             given["workflow"] = options["workflow"]

@@ -1,6 +1,6 @@
 """The browser tests: Debian's chromium, driven by Playwright's sync API, against the live
 server, with one real Celery worker per module on the test database and this run's Redis
-keys (as in ``tests/test_e2e_celery.py``).
+keys (as in ``tests/engine/test_e2e_celery.py``).
 
 The database is transactional (the worker and the live server's thread see what a test
 commits), so each test makes its own personas; each test gets its own browser context.
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
+from tests.browser.support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, VIEWPORT
 from tests.e2e_support import Worker, worker_on_test_database
 from tests.remotes import LoopbackRemote
-
-from .support import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, VIEWPORT
 
 expect.set_options(timeout=TIMEOUT_MS)
 
@@ -65,10 +65,19 @@ def page(context: BrowserContext) -> Page:
 
 
 @pytest.fixture(scope="module")
+def mail_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the module's worker writes the mail it sends (the file mail backend, as in the
+    demo); :func:`demo_mail` has the console read it there."""
+    return tmp_path_factory.mktemp("browser-mail")
+
+
+@pytest.fixture(scope="module")
 def worker(
     django_db_setup: None,
     tmp_path_factory: pytest.TempPathFactory,
     module_remotes: tuple[LoopbackRemote, LoopbackRemote],
+    live_server: Any,
+    mail_folder: Path,
 ) -> Iterator[Worker]:
     """One worker (with beat, so the sweeper runs) for the module."""
     # The worker keeps Django's async-safety check (see ``browser``), whichever fixture
@@ -82,5 +91,20 @@ def worker(
         # Reported again within a second of a test emptying the tables, so the pages
         # list it.
         TASKS_HEARTBEAT_SECONDS="1",
+        # Its mail goes to files, and links in it lead to this run's console.
+        EMAIL_FILE_PATH=str(mail_folder),
+        CONSOLE_BASE_URL=live_server.url,
     ) as process:
         yield process
+
+
+@pytest.fixture
+def demo_mail(settings: Any, mail_folder: Path) -> Path:
+    """The console reads the worker's mail (its Mail page), as in the demo."""
+    settings.MAILERS = {
+        "default": {
+            "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+            "OPTIONS": {"file_path": str(mail_folder)},
+        }
+    }
+    return mail_folder

@@ -17,9 +17,8 @@ from approvals.models import ApprovalStatus
 from tasks_app import services
 from tasks_app.models import Effect, Event, QueueState, StepStatus, Task, TaskStatus
 from tests.approval_support import advance, article, pending_request
-from tests.console_support import dead_task
-
-from .support import action_form, log_in, status_badge
+from tests.browser.support import action_form, log_in, status_badge
+from tests.factories import dead_task
 
 pytestmark = [
     pytest.mark.browser,

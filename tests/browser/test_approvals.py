@@ -13,10 +13,15 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
 from tasks_app.models import TaskStatus
 from tests.approval_support import ARTICLE, article, ticket
+from tests.browser.support import (
+    log_in,
+    page_shows_status,
+    pending_request,
+    status_badge,
+    task_status,
+)
 from tests.e2e_support import Worker
 from tests.remotes import LoopbackRemote
-
-from .support import log_in, page_shows_status, pending_request, status_badge, task_status
 
 pytestmark = [
     pytest.mark.browser,

@@ -17,11 +17,11 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from tasks_app import audit_chain, services
+from tasks_app import services
 from tasks_app.models import Event
-from tests.console_support import dead_task, noop
-
-from .support import SCREENSHOTS, log_in
+from tasks_app.operations import audit_chain
+from tests.browser.support import SCREENSHOTS, log_in
+from tests.factories import dead_task, noop
 
 pytestmark = [
     pytest.mark.browser,

@@ -21,12 +21,13 @@ from playwright.sync_api import Page, Request, ViewportSize, expect
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
-from tasks_app import presence, services
+from tasks_app import services
 from tasks_app.models import Step, Task
+from tasks_app.observability import presence
 from tests.approval_support import advance, article, pending_request, ticket
-from tests.console_support import dead_task, noop, succeeded
-
-from .support import SCREENSHOTS, log_in
+from tests.browser.support import SCREENSHOTS, log_in
+from tests.e2e_support import wait_for
+from tests.factories import dead_task, noop, succeeded
 
 pytestmark = [
     pytest.mark.browser,
@@ -366,8 +367,12 @@ def test_the_task_list_shows_new_tasks_by_itself_keeping_filter_page_and_scroll(
     page.get_by_label("Payload field").fill("customer.id=4")
     page.get_by_label("Payload field").blur()
     page.mouse.wheel(0, 400)
-    page.wait_for_function("window.scrollY >= 400")
-    scrolled = page.evaluate("window.scrollY")
+    # Polled from here: the page's CSP refuses the eval a wait_for_function would poll with.
+    scrolled = wait_for(
+        lambda: page.evaluate("window.scrollY") >= 400 and page.evaluate("window.scrollY"),
+        timeout=10,
+        what="the page to scroll",
+    )
     refreshes = polls(page, "/tasks/")
 
     created = noop("live:new")

@@ -11,9 +11,8 @@ from playwright.sync_api import Page, expect
 
 from tasks_app import services
 from tasks_app.models import Event, TaskStatus
+from tests.browser.support import action_form, log_in, page_shows_status, status_badge, task_status
 from tests.e2e_support import Worker
-
-from .support import action_form, log_in, page_shows_status, status_badge, task_status
 
 pytestmark = [
     pytest.mark.browser,

@@ -22,10 +22,9 @@ from playwright.sync_api import BrowserContext, Locator, Page, expect
 
 from tasks_app.models import Event, Task, TaskStatus
 from tests.approval_support import advance, article, pending_request
-from tests.console_support import dead_task
-from tests.test_console_permissions import snapshot
-
-from .support import SCREENSHOTS, action_form, log_in, status_badge
+from tests.browser.support import SCREENSHOTS, action_form, log_in, status_badge
+from tests.console.test_console_permissions import snapshot
+from tests.factories import dead_task
 
 pytestmark = [
     pytest.mark.browser,

@@ -20,9 +20,8 @@ from approvals.models import ApprovalRequest
 from tasks_app import services
 from tasks_app.models import Task, TaskStatus
 from tests.approval_support import ARTICLE, TICKET
+from tests.browser.support import SCREENSHOTS, action_form, log_in, pending_request, task_status
 from tests.e2e_support import Worker, wait_for
-
-from .support import SCREENSHOTS, action_form, log_in, pending_request, task_status
 
 pytestmark = [
     pytest.mark.browser,

@@ -10,11 +10,11 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from tasks_app import runner, services
+from tasks_app import services
+from tasks_app.engine import runner
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
+from tests.browser.support import SCREENSHOTS, log_in
 from tests.conftest import only_step
-
-from .support import SCREENSHOTS, log_in
 
 pytestmark = [
     pytest.mark.browser,

@@ -17,13 +17,13 @@ from axe_playwright_python.sync_playwright import Axe
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from tasks_app import runner, services
-from tasks_app.transitions import db_now
-from tests.console_support import dead_task
+from tasks_app import services
+from tasks_app.engine import runner
+from tasks_app.engine.transitions import db_now
+from tests.browser.support import SCREENSHOTS, log_in
+from tests.browser.test_pages import OVERFLOW, PHONE, RECORD_CSP, accessibility_problems
+from tests.factories import dead_task
 from tests.workflow_support import fabricate_history
-
-from .support import SCREENSHOTS, log_in
-from .test_pages import OVERFLOW, PHONE, RECORD_CSP, accessibility_problems
 
 pytestmark = [
     pytest.mark.browser,

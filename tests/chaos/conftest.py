@@ -11,10 +11,9 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from tests.chaos.harness import Cluster, Remotes
+from tests.chaos.services import NEEDS_OWN_SERVERS, OwnPostgres, OwnRedis
 from tests.remotes import loopback_remotes
-
-from .harness import Cluster, Remotes
-from .services import NEEDS_OWN_SERVERS, OwnPostgres, OwnRedis
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from tasks_app import invariants, services
+from tasks_app import services
 from tasks_app.models import Effect, Lease, Step, StepStatus, Task, TaskStatus
+from tasks_app.observability import invariants
 from tests.e2e_support import PYTHON, ROOT, Worker, beat_process, database_url, wait_for
 from tests.remotes import LoopbackRemote
 
@@ -216,7 +217,7 @@ def assert_nothing_lost_or_done_twice(
       workloads have no approval step, so none waits for a person on purpose);
     - the only dead letters are writes whose outcome is unknown (or what ``dead_as``
       names);
-    - the checker (``tasks_app.invariants``, ``manage.py check_invariants``) finds
+    - the checker (``tasks_app.observability.invariants``, ``manage.py check_invariants``) finds
       nothing over every task: each folds to its stored state, histories start with
       ``enqueued``, tokens rise, every claim is answered, a run ends once, no step runs
       past its lease;

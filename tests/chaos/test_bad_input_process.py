@@ -1,7 +1,7 @@
 """Drill 17 with a real process: hypothesis-made bad enqueues through the ``enqueue``
 command, each in a process of its own, as a shell script would call it. Each is refused
 with one line naming the field and exit status 2, and nothing is stored. (The service, the
-admin form and the console's editor get the same inputs in ``tests/test_bad_input.py``.)"""
+admin form and the console's editor get the same inputs in ``tests/core/test_bad_input.py``.)"""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from hypothesis import assume, given
 
+from tests.core.test_bad_input import Call, argv, bad_text_calls, examples, stored
 from tests.e2e_support import PYTHON, ROOT, database_url
-from tests.test_bad_input import Call, argv, bad_text_calls, examples, stored
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 

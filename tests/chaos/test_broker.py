@@ -16,12 +16,10 @@ from django.db import connection
 from django.db.models import Max
 
 from tasks_app import services
-from tasks_app.dispatch import Doorbell, publish
+from tasks_app.engine.dispatch import Doorbell, publish
+from tasks_app.engine.transitions import db_now
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
-from tasks_app.transitions import db_now
-from tests.e2e_support import PYTHON, ROOT, wait_for
-
-from .harness import (
+from tests.chaos.harness import (
     RECEIVED,
     Cluster,
     Record,
@@ -31,7 +29,8 @@ from .harness import (
     resumed_after,
     wait_for_drain,
 )
-from .services import OwnRedis
+from tests.chaos.services import OwnRedis
+from tests.e2e_support import PYTHON, ROOT, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

@@ -22,12 +22,10 @@ import redis
 from django.db.models import Max
 from django.test import Client
 
-from tasks_app import presence
+from tasks_app.engine.transitions import db_now
 from tasks_app.models import Task, TaskStatus
-from tasks_app.transitions import db_now
-from tests.e2e_support import Worker, spare_port, wait_for
-
-from .harness import (
+from tasks_app.observability import presence
+from tests.chaos.harness import (
     Cluster,
     Record,
     Remotes,
@@ -36,7 +34,8 @@ from .harness import (
     resumed_after,
     wait_for_drain,
 )
-from .services import OwnRedis
+from tests.chaos.services import OwnRedis
+from tests.e2e_support import Worker, spare_port, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

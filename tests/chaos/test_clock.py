@@ -12,12 +12,17 @@ from datetime import timedelta
 import pytest
 
 from tasks_app import services
-from tasks_app.dispatch import Doorbell, publish
+from tasks_app.engine.dispatch import Doorbell, publish
+from tasks_app.engine.transitions import db_now
 from tasks_app.models import Event, EventKind, Step, StepStatus
-from tasks_app.transitions import db_now
+from tests.chaos.harness import (
+    Cluster,
+    Record,
+    Remotes,
+    assert_nothing_lost_or_done_twice,
+    wait_for_drain,
+)
 from tests.e2e_support import PYTHON, ROOT, wait_for
-
-from .harness import Cluster, Record, Remotes, assert_nothing_lost_or_done_twice, wait_for_drain
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

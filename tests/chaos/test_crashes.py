@@ -1,7 +1,7 @@
 """Drill 20: a step that kills its process, claimed in one batch with healthy steps: the
 crash costs only the step that crashed. The worker's main process hands back the rest of
 the batch at once, uncharged, and ends the crashing step's lease without waiting for it
-to run out (``tasks_app.crashes``)."""
+to run out (``tasks_app.engine.crashes``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ import pytest
 from tasks_app import services
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, TaskStatus
-
-from .harness import Cluster, Record, Remotes, assert_nothing_lost_or_done_twice, wait_for_drain
+from tests.chaos.harness import (
+    Cluster,
+    Record,
+    Remotes,
+    assert_nothing_lost_or_done_twice,
+    wait_for_drain,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

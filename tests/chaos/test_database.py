@@ -8,11 +8,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
+from tasks_app.engine.transitions import db_now
 from tasks_app.models import StepStatus, Task, TaskStatus
-from tasks_app.transitions import db_now
-from tests.e2e_support import wait_for
-
-from .harness import (
+from tests.chaos.harness import (
     Cluster,
     Record,
     Remotes,
@@ -21,7 +19,8 @@ from .harness import (
     resumed_after,
     wait_for_drain,
 )
-from .services import OwnPostgres
+from tests.chaos.services import OwnPostgres
+from tests.e2e_support import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

@@ -26,11 +26,9 @@ import pytest
 from django.db import connection
 
 from tasks_app import services
+from tasks_app.engine.transitions import db_now
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
-from tasks_app.transitions import db_now
-from tests.e2e_support import PYTHON, ROOT, database_url, spare_port, wait_for
-
-from .harness import (
+from tests.chaos.harness import (
     LEASE_SECONDS,
     Cluster,
     Record,
@@ -42,7 +40,8 @@ from .harness import (
     unsettled,
     wait_for_drain,
 )
-from .services import OwnPostgres, OwnRedis
+from tests.chaos.services import OwnPostgres, OwnRedis
+from tests.e2e_support import PYTHON, ROOT, database_url, spare_port, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 

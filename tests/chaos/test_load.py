@@ -16,9 +16,7 @@ from django.db import connection
 
 from tasks_app import services
 from tasks_app.models import Step, StepStatus, Task
-from tests.e2e_support import database_url, wait_for
-
-from .harness import (
+from tests.chaos.harness import (
     SETTLED,
     Cluster,
     Record,
@@ -27,8 +25,9 @@ from .harness import (
     enqueue_workload,
     wait_for_drain,
 )
-from .services import OwnPostgres, OwnRedis
-from .test_broker_refusing_writes import refusing_writes
+from tests.chaos.services import OwnPostgres, OwnRedis
+from tests.chaos.test_broker_refusing_writes import refusing_writes
+from tests.e2e_support import database_url, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 

@@ -14,12 +14,10 @@ from django.contrib.auth.models import User
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
+from tasks_app.engine.transitions import db_now
 from tasks_app.models import Event, EventKind, Task, TaskStatus
-from tasks_app.transitions import db_now
 from tests.approval_support import article, pending_request
-from tests.e2e_support import wait_for
-
-from .harness import (
+from tests.chaos.harness import (
     Cluster,
     Record,
     Remotes,
@@ -27,6 +25,7 @@ from .harness import (
     at_once,
     wait_for_drain,
 )
+from tests.e2e_support import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

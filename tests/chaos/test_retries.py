@@ -10,8 +10,7 @@ import pytest
 from tasks_app import services
 from tasks_app.models import Event, EventKind, Step, TaskStatus
 from tasks_app.workflows import registry
-
-from .harness import (
+from tests.chaos.harness import (
     Cluster,
     Record,
     Remotes,

@@ -9,11 +9,16 @@ import signal
 import pytest
 
 from tasks_app import services
+from tasks_app.engine.transitions import db_now
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus
-from tasks_app.transitions import db_now
+from tests.chaos.harness import (
+    Cluster,
+    Record,
+    Remotes,
+    assert_nothing_lost_or_done_twice,
+    wait_for_drain,
+)
 from tests.e2e_support import wait_for
-
-from .harness import Cluster, Record, Remotes, assert_nothing_lost_or_done_twice, wait_for_drain
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

@@ -13,12 +13,10 @@ from datetime import datetime
 import pytest
 
 from tasks_app import services
+from tasks_app.engine.transitions import db_now
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.models import Lease, Step, StepStatus, TaskStatus
-from tasks_app.transitions import db_now
-from tests.e2e_support import Worker
-
-from .harness import (
+from tests.chaos.harness import (
     Cluster,
     Record,
     Remotes,
@@ -29,6 +27,7 @@ from .harness import (
     resumed_after,
     wait_for_drain,
 )
+from tests.e2e_support import Worker
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

@@ -1,0 +1,1 @@
+"""The approvals' command: decide a request from a terminal (`decide`)."""

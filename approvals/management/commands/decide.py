@@ -1,3 +1,5 @@
+"""``manage.py decide``: list approval requests, or decide one as a named user."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +71,12 @@ def _row(request: ApprovalRequest) -> dict[str, Any]:
     return {
         "id": request.pk,
         "task": request.task_id,
+        "workflow": request.task.workflow,
         "revision": request.revision,
         "status": request.status,
+        # With a quorum, a request stays pending until enough people approved it.
+        "approvals": request.votes.count(),
+        "quorum": request.quorum,
         "action": request.action,
         "summary": request.summary,
         "draft_hash": request.draft_hash,

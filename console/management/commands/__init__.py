@@ -1,0 +1,1 @@
+"""The console's commands: the demo's mailbox and the audit export's check."""

@@ -9,8 +9,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from console import audit_csv
-from tasks_app import audit_chain
 from tasks_app.management.cli import OperatorCommand, bad_input
+from tasks_app.operations import audit_verify
 
 BROKEN = 1
 
@@ -38,7 +38,7 @@ class Command(OperatorCommand):
         export = Path(options["export"]) if options["export"] else None
         if export is not None and not export.is_file():
             raise bad_input(f"export: no such file: {export}")
-        verdict = audit_chain.verify()
+        verdict = audit_verify.verify()
         start = (
             f"the checkpoint at event {verdict.checkpoint.last_event_id} "
             f"({verdict.checkpoint.created_at:%Y-%m-%d %H:%M:%S %Z})"

@@ -1,3 +1,6 @@
+"""``manage.py cancel``: cancel tasks by id or filter, with a reason (the operator
+service)."""
+
 from __future__ import annotations
 
 import argparse

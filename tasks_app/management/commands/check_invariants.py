@@ -1,3 +1,6 @@
+"""``manage.py check_invariants``: stored state checked against its event history and the
+clock."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -6,8 +9,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
-from tasks_app import invariants
 from tasks_app.management.cli import OperatorCommand, bad_input, parse_duration
+from tasks_app.observability import invariants
 
 FOUND = 1
 

@@ -25,6 +25,9 @@ from django.db import transaction
 # username -> (groups, superuser)
 DEMO_USERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "editor": (("editors",), False),
+    # A press release needs two editors' approvals; undecided, it escalates to seniors.
+    "editor2": (("editors",), False),
+    "senior": (("senior_editors",), False),
     "oncall": (("oncall",), False),
     "auditor": (("auditors",), False),
     "admin": ((), True),
@@ -68,6 +71,11 @@ def write_password(username: str, password: str) -> None:
         raise
 
 
+def demo_address(username: str) -> str:
+    """A demo user's mail address: their mail is written to files, read on the Mail page."""
+    return f"{username}@demo.example"
+
+
 def create_demo_user(username: str) -> str | None:
     """Make the demo user ``username`` in its groups; returns its new password, or ``None``
     when the user already exists (its password is left alone). Outside production mode the
@@ -75,10 +83,17 @@ def create_demo_user(username: str) -> str | None:
     groups, superuser = DEMO_USERS[username]
     password = secrets.token_urlsafe(12)
     with transaction.atomic():
-        if User.objects.filter(username=username).exists():
+        existing = User.objects.filter(username=username)
+        if existing.exists():
+            # Made before demo users had addresses: given one, so the demo's mail reaches them.
+            existing.filter(email="").update(email=demo_address(username))
             return None
         user = User.objects.create_user(
-            username=username, password=password, is_staff=True, is_superuser=superuser
+            username=username,
+            email=demo_address(username),
+            password=password,
+            is_staff=True,
+            is_superuser=superuser,
         )
         user.groups.add(*Group.objects.filter(name__in=groups))
     if not settings.PRODUCTION:

@@ -1,3 +1,5 @@
+"""``manage.py enqueue``: a producer's way in from a shell, through the service API."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from tasks_app import services
+from tasks_app import services, validation
 from tasks_app.management.cli import (
     OperatorCommand,
     actor_from,
@@ -39,7 +41,11 @@ class Command(OperatorCommand):
         )
         parser.add_argument("--key", dest="idempotency_key", default=None)
         parser.add_argument("--queue", default="default")
-        parser.add_argument("--priority", default="0", help="an integer from -100 to 100")
+        parser.add_argument(
+            "--priority",
+            default="0",
+            help=f"an integer from {validation.MIN_PRIORITY} to {validation.MAX_PRIORITY}",
+        )
         parser.add_argument("--run-after", default=None, help="ISO 8601 with a time zone")
         add_actor_argument(parser)
 

@@ -1,3 +1,5 @@
+"""``manage.py pause_queue``: stop claims from a queue, with a reason."""
+
 from __future__ import annotations
 
 from tasks_app.management.cli import QueueSwitchCommand

@@ -1,3 +1,5 @@
+"""``manage.py prune_history``: retention by hand (the sweeper prunes a batch each sweep)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -7,8 +9,8 @@ from django.apps import apps
 from django.conf import settings
 from django.core.management.base import CommandParser
 
-from tasks_app import retention
 from tasks_app.management.cli import OperatorCommand, bad_input, positive_int
+from tasks_app.operations import retention
 
 
 def _counts(counts: Mapping[str, int]) -> str:

@@ -1,3 +1,6 @@
+"""``manage.py queue_stats``: the overview's figures and each queue's depth, lag and
+switch."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +10,9 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from tasks_app import selectors
-from tasks_app.durations import short_duration
 from tasks_app.management.cli import OperatorCommand
+from tasks_app.operations import selectors
+from tasks_app.operations.durations import short_duration
 
 
 def _rate(value: float | None) -> str:

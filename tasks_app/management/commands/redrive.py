@@ -1,3 +1,5 @@
+"""``manage.py redrive``: redrive dead tasks by id or filter, with a reason."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,3 +1,5 @@
+"""``manage.py resolve``: settle a dead step whose outcome nobody knows (done or retry)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,3 +1,5 @@
+"""``manage.py resume_queue``: let a paused queue's steps be claimed again, with a reason."""
+
 from __future__ import annotations
 
 from tasks_app.management.cli import QueueSwitchCommand

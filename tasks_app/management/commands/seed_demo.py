@@ -23,10 +23,10 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.db.models import F
 
-from tasks_app import runner, services
+from tasks_app import services
+from tasks_app.engine import runner
+from tasks_app.management.commands.demo_users import DEMO_USERS, create_demo_user, password_file
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
-
-from .demo_users import DEMO_USERS, create_demo_user, password_file
 
 ACTOR = "cli:seed_demo"
 # Not the enqueuer: nobody decides on a task they enqueued, trusted callers included.
@@ -54,6 +54,15 @@ DEMO_TASKS: list[dict[str, Any]] = [
             "brief": "Why every step is claimed in the database before it runs.",
         },
         "idempotency_key": "demo:publish:article-001:v1",
+    },
+    {
+        "workflow": "press_release",
+        "payload": {
+            "article_id": "release-2026-12",
+            "title": "Task console 2.0 ships with quorum reviews",
+            "brief": "Two editors approve every press release before it goes out.",
+        },
+        "idempotency_key": "demo:press:release-2026-12",
     },
     {
         "workflow": "ticket_reply",

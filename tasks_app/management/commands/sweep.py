@@ -1,3 +1,5 @@
+"""``manage.py sweep``: one sweep by hand (beat sends one every TASKS_SWEEP_SECONDS)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,3 +1,5 @@
+"""``manage.py task_status``: one task as JSON, by id or idempotency key."""
+
 from __future__ import annotations
 
 import json

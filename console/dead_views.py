@@ -1,0 +1,146 @@
+"""The dead letters: their list, grouped by cause, and their bulk actions, each previewed
+as a signed plan and applied as the plan says (``console.plans``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import trigger_client_event
+
+from console import errors, forms
+from console.plans import BulkPlan, PlanRefused
+from console.views import ConsoleRequest, reads_filter, render_page, view_tasks
+from tasks_app import services
+from tasks_app.exceptions import InvalidInput
+from tasks_app.operations import listings
+from tasks_app.operations.task_actions import ACTIONS
+
+# --- dead letters ---------------------------------------------------------------------------
+
+
+def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, Any]:
+    filters = filter_form.filters()
+    cause = listings.dead_groups(filters)[:1] if filters.fingerprint else []
+    return {
+        "form": filter_form,
+        "page": listings.dead_letter_page(filters, after=filter_form.cursor()),
+        "cause": cause[0] if cause else None,
+        "error_classes": listings.dead_error_classes(),
+        "bulk_form": extra.pop("bulk_form", None)
+        or forms.BulkForm(initial={**filters.__dict__, "limit": services.bulk_limit()}),
+        "bulk_limit": services.bulk_limit(),
+        "filter_query": filter_form.filters_query(),
+        "refresh_query": filter_form.filters_query(cursor=True),
+        **extra,
+    }
+
+
+@require_GET
+@view_tasks
+@reads_filter(forms.DeadFilterForm)
+def dead_letters(request: ConsoleRequest, form: forms.DeadFilterForm) -> HttpResponse:
+    # The filter swaps the list and the bulk form together (so they never disagree); the
+    # list alone reloads itself after a bulk action and pages on its own.
+    partial = "results" if request.htmx.target == "results" else "dead"
+    return render_page(request, "console/dead.html", _dead_context(form), partial=partial)
+
+
+@require_GET
+@view_tasks
+@reads_filter(forms.DeadFilterForm)
+def dead_groups(request: ConsoleRequest, form: forms.DeadFilterForm) -> HttpResponse:
+    """The dead letters grouped by cause, each linking to its list and its bulk actions."""
+    groups = listings.dead_groups(form.filters())
+    context = {
+        "form": form,
+        "groups": groups,
+        "total": sum(group.count for group in groups),
+        "filter_query": form.filters_query(),
+    }
+    return render_page(request, "console/dead_groups.html", context, partial="groups")
+
+
+BULK_PERMISSIONS = sorted({f"tasks_app.{spec.permission}" for spec in ACTIONS.values()})
+
+
+@require_POST
+@view_tasks
+def dead_bulk(request: ConsoleRequest) -> HttpResponse:
+    """Preview a bulk action as a plan (without ``confirm=1``), or apply the plan the
+    preview made (with it): the tasks it names that still qualify, and no others."""
+    if not any(request.user.has_perm(permission) for permission in BULK_PERMISSIONS):
+        raise PermissionDenied("acting on dead letters needs an on-call permission")
+    form = forms.BulkForm(request.POST)
+    filter_form = forms.DeadFilterForm(request.POST)
+    status, report, plan, error = 200, None, None, ""
+    if not form.is_valid():
+        status = 400
+    elif not form.confirmed:
+        plan = _plan(request, form)
+    else:
+        try:
+            report = _apply_plan(request, form)
+        except PlanRefused as exc:
+            status, error = 409, f"Nothing changed: {exc}. Preview again."
+        except errors.REFUSED as exc:
+            refused = errors.refusal(request, exc, form)
+            status, error = refused.status, refused.message
+            if isinstance(exc, InvalidInput):
+                # The plan stays: fixing the reason needs no new preview.
+                plan = _posted_plan(request, form)
+    context = _dead_context(filter_form, bulk_form=form, report=report, plan=plan, error=error)
+    if report is not None and not request.htmx:
+        messages.success(request, _bulk_summary(report))
+        return redirect(reverse("console:dead") + "?" + filter_form.filters_query())
+    response = render_page(request, "console/dead.html", context, partial="bulk", status=status)
+    if report is not None:
+        # The list below the form reloads itself on this event.
+        trigger_client_event(response, "deadChanged")
+    return response
+
+
+def _plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
+    return BulkPlan.make(
+        action=form.cleaned_data["action"],
+        filters=form.filters(),
+        limit=form.cleaned_data["limit"],
+        user_id=_user_id(request),
+    )
+
+
+def _user_id(request: ConsoleRequest) -> int:
+    assert request.user.pk is not None  # the view's permission needs a logged-in user
+    return int(request.user.pk)
+
+
+def _posted_plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
+    """The plan the confirm carries, if it matches what the form asks now."""
+    plan = BulkPlan.load(form.cleaned_data["plan"], user_id=_user_id(request))
+    difference = plan.difference(
+        action=form.cleaned_data["action"],
+        filters=form.filters(),
+        limit=form.cleaned_data["limit"],
+    )
+    if difference is not None:
+        raise PlanRefused(f"{difference} since the preview")
+    return plan
+
+
+def _apply_plan(request: ConsoleRequest, form: forms.BulkForm) -> services.BulkReport:
+    plan = _posted_plan(request, form)
+    return plan.apply(actor=request.user, reason=form.cleaned_data["reason"])
+
+
+def _bulk_summary(report: services.BulkReport) -> str:
+    text = f"{ACTIONS[report.action].label}: {len(report.changed)} task(s) changed"
+    if report.skipped:
+        text += f", {len(report.skipped)} skipped"
+    if report.limited:
+        text += "; more matched than the limit and were left alone"
+    return text + "."

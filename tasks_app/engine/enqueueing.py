@@ -1,0 +1,313 @@
+"""Creating tasks: ``enqueue`` and ``enqueue_many``, the only ways in (DESIGN rule 4)."""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
+
+from tasks_app import validation
+from tasks_app.access import Actor, actor_fields
+from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.fastpath import insert_tasks
+from tasks_app.engine.transitions import bump_counter, db_now, fast_path_enabled, step_state
+from tasks_app.exceptions import IdempotencyConflict, InvalidInput
+from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus, step_key
+from tasks_app.observability import counting
+from tasks_app.workflows import Workflow, registry
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    task: Task
+    created: bool
+
+
+@dataclass(frozen=True)
+class PreparedItem:
+    workflow: Workflow
+    payload: dict[str, Any]
+    payload_hash: str
+    idempotency_key: str | None
+    queue: str
+    priority: int
+    run_after: datetime | None
+
+
+_ENQUEUE_FIELDS = frozenset(
+    {"workflow", "payload", "idempotency_key", "queue", "priority", "run_after"}
+)
+
+
+def _prepare(
+    *,
+    workflow: Any,
+    payload: Any,
+    idempotency_key: Any = None,
+    queue: Any = "default",
+    priority: Any = 0,
+    run_after: Any = None,
+    prefix: str = "",
+) -> PreparedItem:
+    def named(exc: InvalidInput) -> InvalidInput:
+        if prefix:
+            exc.field = prefix + exc.field
+            exc.args = (prefix + str(exc),)
+        return exc
+
+    try:
+        if not isinstance(workflow, str):
+            raise InvalidInput("workflow", "registered", "workflow: must be a workflow name")
+        flow = registry.latest(workflow)
+        canonical = validation.validate_payload(payload)
+        flow.check_payload(payload)
+        return PreparedItem(
+            workflow=flow,
+            # The stored payload is exactly what the canonical form says.
+            payload=json.loads(canonical),
+            payload_hash=validation.payload_hash(flow.name, canonical),
+            idempotency_key=validation.validate_idempotency_key(idempotency_key),
+            queue=validation.validate_queue(queue),
+            priority=validation.validate_priority(priority),
+            run_after=validation.validate_run_after(run_after),
+        )
+    except InvalidInput as exc:
+        raise named(exc) from None
+
+
+def enqueue(
+    workflow: str,
+    payload: dict[str, Any],
+    *,
+    idempotency_key: str | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    run_after: datetime | None = None,
+    actor: Actor = None,
+) -> EnqueueResult:
+    """Create a task, or return the one its idempotency key already names."""
+    item = _prepare(
+        workflow=workflow,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        queue=queue,
+        priority=priority,
+        run_after=run_after,
+    )
+    return _enqueue_prepared([item], actor)[0]
+
+
+def enqueue_many(items: Sequence[dict[str, Any]], *, actor: Actor = None) -> list[EnqueueResult]:
+    """Enqueue several tasks, all or nothing; results in input order."""
+    prepared = []
+    for index, item in enumerate(items):
+        prefix = f"items[{index}]."
+        if not isinstance(item, dict):
+            raise InvalidInput(f"items[{index}]", "object", f"items[{index}]: must be a dict")
+        unknown = set(item) - _ENQUEUE_FIELDS
+        if unknown:
+            raise InvalidInput(
+                prefix + sorted(unknown)[0], "known_field", f"{prefix}{sorted(unknown)[0]}: unknown"
+            )
+        for required in ("workflow", "payload"):
+            if required not in item:
+                raise InvalidInput(prefix + required, "required", f"{prefix}{required}: required")
+        prepared.append(_prepare(prefix=prefix, **item))
+    return _enqueue_prepared(prepared, actor)
+
+
+def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueResult]:
+    # With the SQL path, one item outside a transaction is one statement in autocommit: it
+    # either inserts the task with its steps and event, or finds the key taken and writes
+    # nothing, so there is nothing to make atomic.
+    alone = len(items) == 1 and fast_path_enabled()
+    outside = not connection.in_atomic_block
+    if outside:
+        _replace_lost_connection()
+    for round_ in range(3):
+        try:
+            if alone and outside:
+                results, duplicates = _insert(items, actor)
+            else:
+                with transaction.atomic():
+                    results, duplicates = _insert(items, actor)
+            break
+        except (OperationalError, InterfaceError):
+            # The database dropped the connection (a restart, a failover). Outside a
+            # caller's transaction a new one is opened; the enqueue is tried again only
+            # when every item has a key, since a lost answer may hide a commit and the key
+            # is what makes a second try return that task instead of a copy.
+            if (
+                not outside
+                or round_
+                or (connection.connection is not None and connection.is_usable())
+            ):
+                raise
+            connection.close()
+            if any(item.idempotency_key is None for item in items):
+                raise
+        except IdempotencyConflict:
+            # Counted once the enqueue's transaction is gone: the only write it makes.
+            bump_counter("idempotency_conflict")
+            raise
+        except IntegrityError:
+            # A concurrent enqueue of the same key won the unique constraint (SQLite), or the
+            # holder of a key vanished before we read it: roll back and look again.
+            if round_ == 2:
+                raise
+    bump_counter("enqueue_duplicate", duplicates)
+    return results
+
+
+def _replace_lost_connection() -> None:
+    """Before an enqueue outside any transaction, replace a connection an earlier error
+    left unusable (or older than ``CONN_MAX_AGE``), as Django does at each request: a
+    producer that runs outside requests recovers from a database restart by itself."""
+    connection.close_if_unusable_or_obsolete()
+
+
+def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult], int]:
+    """Create the tasks of ``items`` whose keys are free; the others return the task that
+    holds their key, or raise :class:`IdempotencyConflict` if it differs.
+
+    1. Within the batch, the first item with a key is the one created; later items with
+       that key must match it.
+    2. Create: on PostgreSQL one statement that skips keys already taken (``ON CONFLICT DO
+       NOTHING``, so a concurrent enqueue of the same key waits and then skips); on SQLite
+       the ORM after looking the keys up.
+    3. Compare the items whose key was taken with the task that holds it.
+    """
+    author, user_id = actor_fields(actor)
+    firsts: dict[str, int] = {}
+    unique: list[tuple[int, PreparedItem]] = []
+    for index, item in enumerate(items):
+        key = item.idempotency_key
+        if key and key in firsts:
+            earlier = items[firsts[key]]
+            if (earlier.workflow.name, earlier.payload_hash) != (
+                item.workflow.name,
+                item.payload_hash,
+            ):
+                raise IdempotencyConflict(key, None)
+            continue
+        if key:
+            firsts[key] = index
+        unique.append((index, item))
+
+    if fast_path_enabled():
+        created = insert_tasks(unique, author=author, user_id=user_id)
+    else:
+        created = _insert_with_orm(unique, author=author, user_id=user_id)
+
+    taken = [item.idempotency_key for index, item in unique if index not in created]
+    holders = (
+        {t.idempotency_key: t for t in Task.objects.filter(idempotency_key__in=taken)}
+        if taken
+        else {}
+    )
+    results: list[EnqueueResult] = []
+    duplicates = 0
+    for index, item in enumerate(items):
+        if index in created:
+            results.append(EnqueueResult(created[index], created=True))
+            continue
+        key = item.idempotency_key or ""
+        known = created.get(firsts[key]) if key in firsts else None
+        if known is None:
+            known = holders.get(key)
+            if known is None:
+                # The holder vanished between the insert and this read: start again.
+                raise IntegrityError(f"idempotency key {key!r} changed hands; retrying")
+            if known.workflow != item.workflow.name or known.payload_hash != item.payload_hash:
+                raise IdempotencyConflict(key, known.pk)
+        results.append(EnqueueResult(known, created=False))
+        duplicates += 1
+    return results, duplicates
+
+
+def _insert_with_orm(
+    unique: list[tuple[int, PreparedItem]], *, author: str, user_id: int | None
+) -> dict[int, Task]:
+    keys = [item.idempotency_key for _, item in unique if item.idempotency_key]
+    taken = set(
+        Task.objects.filter(idempotency_key__in=keys).values_list("idempotency_key", flat=True)
+    )
+    fresh = [(index, item) for index, item in unique if item.idempotency_key not in taken]
+    now = db_now()
+    created: dict[int, Task] = {}
+    for index, item in fresh:
+        created[index] = Task(
+            workflow=item.workflow.name,
+            workflow_version=item.workflow.version,
+            payload=item.payload,
+            payload_hash=item.payload_hash,
+            idempotency_key=item.idempotency_key,
+            queue=item.queue,
+            priority=item.priority,
+            status=TaskStatus.PENDING,
+            created_by=author,
+            created_by_user_id=user_id,
+        )
+    Task.objects.bulk_create(list(created.values()))
+
+    steps: list[Step] = []
+    for index, item in fresh:
+        task = created[index]
+        for position, spec in enumerate(item.workflow.steps):
+            first = position == 0
+            steps.append(
+                Step(
+                    task=task,
+                    position=position,
+                    revision=0,
+                    kind=spec.kind,
+                    status=StepStatus.PENDING if first else StepStatus.BLOCKED,
+                    queue=task.queue,
+                    priority=task.priority,
+                    max_attempts=spec.max_attempts,
+                    available_at=(item.run_after or now) if first else None,
+                    dispatched_at=(item.run_after or now) if first else None,
+                    idempotency_key=step_key(task.key, position, spec.kind),
+                )
+            )
+    Step.objects.bulk_create(steps)
+
+    by_task: dict[int, list[Step]] = {}
+    for step in steps:
+        by_task.setdefault(step.task_id, []).append(step)
+    Event.objects.bulk_create(
+        [
+            Event(
+                task_id=task.pk,
+                kind=EventKind.ENQUEUED,
+                actor=author,
+                actor_user_id=user_id,
+                data={
+                    "workflow": task.workflow,
+                    "version": task.workflow_version,
+                    "queue": task.queue,
+                    "payload_hash": task.payload_hash,
+                    "steps": {str(s.pk): step_state(s) for s in by_task[task.pk]},
+                },
+            )
+            for task in created.values()
+        ]
+    )
+    counting.add(collections.Counter(f"{counting.ENQUEUED}:{t.workflow}" for t in created.values()))
+    ring_on_commit(
+        [
+            Doorbell(s.pk, s.queue, max((s.available_at - now).total_seconds(), 0.0))
+            for s in steps
+            if s.status == StepStatus.PENDING and s.available_at is not None
+        ]
+    )
+    return created
+
+
+def get_task(*, idempotency_key: str) -> Task | None:
+    return Task.objects.filter(idempotency_key=idempotency_key).first()

@@ -1,0 +1,347 @@
+"""Batched claims and completions: the workers' hot path.
+
+Same guarantees as :func:`leases.claim_step` and :func:`leases.complete_step`, for many
+steps per transaction. A claim is still a conditional, fenced write with its Lease and
+Event; a completion still checks the token and writes its Event with the change. On
+PostgreSQL each is one transaction of one or two statements (``tasks_app.engine.sql``); on SQLite
+(the embedded mode), or with the fast path switched off (``transitions.fast_path_enabled``), they
+run the one-step services in a loop.
+
+Lock order stays task row, then step row: a batch claim locks both with SKIP LOCKED, so it
+never waits on a cancel or a completion that holds the task, and a batch completion locks
+its tasks in id order before touching their steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from functools import cache
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+from django.conf import settings
+from django.db import connection, models, transaction
+
+from tasks_app.access import SYSTEM
+from tasks_app.db.deadlines import bounded
+from tasks_app.db.lock_conflicts import retry_lock_conflicts
+from tasks_app.engine import leases
+from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.endings import record_ending
+from tasks_app.engine.leases import Claim
+from tasks_app.engine.sql import (
+    COMPLETE_SQL,
+    INSERT_SQL,
+    LOCK_TASKS_SQL,
+    STEP_COLUMNS,
+    TASK_COLUMNS,
+    claim_sql,
+)
+from tasks_app.engine.transitions import fast_path_enabled, paused_filter
+from tasks_app.exceptions import LEASE_EXPIRED
+from tasks_app.models import EventKind, Step, Task, TaskStatus
+from tasks_app.observability.counting import STEP_SECONDS_BUCKETS, bucket_label
+from tasks_app.signals import announce_on_commit
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from tasks_app.workflows import Workflow
+
+
+class Insertable(Protocol):
+    """What the insert reads of an item ``enqueueing`` prepared (its ``PreparedItem``),
+    declared here so the fast path does not import the module that calls it."""
+
+    @property
+    def workflow(self) -> Workflow: ...
+    @property
+    def payload(self) -> dict[str, Any]: ...
+    @property
+    def payload_hash(self) -> str: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def run_after(self) -> datetime | None: ...
+
+
+# The step duration histogram's bounds and their counter labels (counting.bucket_of).
+STEP_SECONDS_PARAMS = {
+    "negated_bounds": sorted(-float(bound) for bound in STEP_SECONDS_BUCKETS),
+    "labels": [bucket_label(bound) for bound in STEP_SECONDS_BUCKETS],
+}
+
+
+@contextmanager
+def _cursor() -> Iterator[psycopg.Cursor[Any]]:
+    """A psycopg cursor with server-side parameter binding on Django's connection.
+
+    Arrays of thousands of values are sent as parameters instead of being quoted into the
+    statement text, and statements run often are prepared by psycopg.
+    """
+    connection.ensure_connection()
+    with (
+        connection.wrap_database_errors,
+        bounded(connection.connection),
+        psycopg.Cursor(connection.connection) as cursor,
+    ):
+        yield cursor
+
+
+def claim_batch(
+    *,
+    worker_id: str,
+    limit: int,
+    step_id: int | None = None,
+    queue: str | None = None,
+    lease_seconds: int | None = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` due steps of one queue, ``step_id`` first if it can be.
+
+    The queue is ``queue``, or else the named step's. Nothing is claimed in a paused queue.
+    A step whose last lease ran out is claimed only in a batch of its own (named, or with
+    ``limit`` 1), so a step that kills its process takes no other step's attempt along.
+    """
+    lease = lease_seconds or settings.TASKS_LEASE_SECONDS
+    if not fast_path_enabled():
+        return _claim_batch_one_by_one(worker_id, limit, step_id, queue, lease)
+    # One statement is atomic on its own: outside a transaction it runs in autocommit,
+    # without the round trips of BEGIN and COMMIT (the one before it delays every start).
+    atomic = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with atomic, _cursor() as cursor:
+        cursor.execute(
+            claim_sql(limit),
+            {
+                "queue": queue,
+                "step": step_id,
+                "lease": lease,
+                "worker": worker_id,
+                "actor": f"worker:{worker_id}",
+            },
+            prepare=True,
+        )
+        rows = cursor.fetchall()
+    claims = []
+    for row in rows:
+        step = _from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
+        step.task = _from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
+        claims.append(Claim.of(step, worker_id=worker_id, lease_seconds=lease, keep=True))
+    return claims
+
+
+def _from_row[M: models.Model](model: type[M], columns: Sequence[str], values: Sequence[Any]) -> M:
+    """A model instance from a row of ``columns`` read by hand, converted as the ORM would
+    (JSON columns arrive as text)."""
+    converted = list(values)
+    for index, convert in _converters(model, tuple(columns)):
+        converted[index] = convert(converted[index], None, connection)
+    return model.from_db(connection.alias, list(columns), converted)
+
+
+@cache
+def _converters(model: type[models.Model], columns: tuple[str, ...]) -> list[tuple[int, Any]]:
+    """Where in a row of ``columns`` a field turns the database's value into Python's."""
+    fields = {field.attname: field for field in model._meta.concrete_fields}
+    found = [
+        (index, getattr(fields[name], "from_db_value", None)) for index, name in enumerate(columns)
+    ]
+    return [(index, convert) for index, convert in found if convert is not None]
+
+
+def _claim_batch_one_by_one(
+    worker_id: str, limit: int, step_id: int | None, queue: str | None, lease: int
+) -> list[Claim]:
+    if queue is None and step_id is not None:
+        queue = Step.objects.filter(pk=step_id).values_list("queue", flat=True).first()
+    if queue is None:
+        return []
+    # A step whose last lease ran out is claimed only in a batch of one
+    # (exceptions.LEASE_EXPIRED).
+    due = Step.objects.due().filter(queue=queue)
+    if limit > 1:
+        due = due.exclude(error_class=LEASE_EXPIRED)
+    if step_id is not None:
+        due = due.exclude(pk=step_id)
+    candidates = list(
+        due.order_by("-priority", "available_at").values_list("pk", flat=True)[:limit]
+    )
+    # A named step whose last lease ran out is the whole batch.
+    alone = step_id is not None and _alone(step_id)
+    if step_id is not None:
+        candidates.insert(0, step_id)
+    claims = []
+    for pk in candidates:
+        claim = leases.claim_step(pk, worker_id=worker_id, lease_seconds=lease)
+        if claim is not None:
+            claims.append(claim)
+            if pk == step_id and alone:
+                break
+        if len(claims) == limit:
+            break
+    return claims
+
+
+def _alone(step_id: int) -> bool:
+    """Whether the step must be claimed in a batch of its own (exceptions.LEASE_EXPIRED)."""
+    return Step.objects.filter(pk=step_id, error_class=LEASE_EXPIRED).exists()
+
+
+def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
+    """Record the results of many claimed steps; returns the ids accepted.
+
+    The statement makes each task's next step ``pending``, so it is for successes whose
+    next step is not an approval step: those go through :func:`leases.complete_step`,
+    which opens the request in the same transaction (``runner.run_batch`` splits them).
+
+    A claim that no longer holds its step is refused and recorded as
+    ``stale_write_rejected``, exactly as :func:`leases.complete_step` does.
+    """
+    if not done:
+        return set()
+    if not fast_path_enabled():
+        return {claim.step_id for claim, result in done if leases.complete_step(claim, result)}
+    # A claim given twice is one completion and one stale write, as one by one.
+    first: dict[tuple[int, int], tuple[Claim, Any]] = {}
+    repeated: list[Claim] = []
+    for claim, result in done:
+        if (claim.step_id, claim.token) in first:
+            repeated.append(claim)
+        else:
+            first[(claim.step_id, claim.token)] = (claim, result)
+    unique = list(first.values())
+    # The sweeper never waits on a step row, but people and other paths may: a deadlock
+    # lost here is tried again rather than leaving the whole batch to expire.
+    held = retry_lock_conflicts(lambda: _complete(unique), what="a batch completion")
+    for claim, _ in unique:
+        if (claim.step_id, claim.token) not in held:
+            leases.reject_stale(claim, "complete")
+    for claim in repeated:
+        leases.reject_stale(claim, "complete")
+    return {step_id for step_id, _ in held}
+
+
+def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
+    """One transaction recording ``unique`` (one claim per step and token); returns the
+    (step, token) pairs accepted."""
+    with transaction.atomic(), _cursor() as cursor:
+        cursor.execute(
+            LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in unique})], prepare=True
+        )
+        cursor.execute(
+            COMPLETE_SQL,
+            {
+                "ids": [claim.step_id for claim, _ in unique],
+                "tokens": [claim.token for claim, _ in unique],
+                # None is stored as SQL NULL, as the ORM stores it, not as JSON null.
+                "results": [
+                    None if result is None else json.dumps(result, allow_nan=False)
+                    for _, result in unique
+                ],
+                "actors": [f"worker:{claim.worker_id}" for claim, _ in unique],
+                **STEP_SECONDS_PARAMS,
+            },
+            prepare=True,
+        )
+        rows = cursor.fetchall()
+        # A completion counts for the claim whose token holds the step, not for a stale
+        # claim of the same step in the same call.
+        held = {(pk, int(token)) for what, pk, token, *_ in rows if what == "done"}
+        ring_on_commit([Doorbell(pk, queue) for what, pk, queue, *_ in rows if what == "next"])
+        settled = {
+            row[1]: _from_row(Task, TASK_COLUMNS, row[3:]) for row in rows if row[0] == "settled"
+        }
+        announce_on_commit(((pk, task.status) for pk, task in settled.items()), rows=settled)
+        # A task whose cancel was requested while its step ran ends with `cancelled`, after
+        # its `succeeded`, as complete_step writes it: an operator event, so it joins the
+        # audit chain (record_event also logs and counts it). Rare: most batches have none.
+        for _, task in sorted(settled.items()):
+            record_ending(
+                task,
+                task.status,
+                after=EventKind.SUCCEEDED,
+                step=None,
+                actor=SYSTEM,
+                reason=leases.CANCELLED_WHILE_RUNNING,
+            )
+    return held
+
+
+def queue_has_due_steps(queue: str) -> bool:
+    return Step.objects.due().filter(queue=queue).exclude(paused_filter()).exists()
+
+
+# Model.from_db takes values in the order of the concrete fields.
+TASK_FIELDS = [field.attname for field in Task._meta.concrete_fields]
+
+
+def insert_tasks(
+    items: Sequence[tuple[int, Insertable]], *, author: str, user_id: int | None
+) -> dict[int, Task]:
+    """Create tasks for the items whose keys are free; returns them by item index."""
+    if not items:
+        return {}
+    by_index = dict(items)
+    # Rows travel as one JSON document each for tasks and steps: encoding and decoding JSON
+    # is far cheaper on both sides than a dozen parameter arrays.
+    rows = [
+        {
+            "ord": index,
+            "workflow": item.workflow.name,
+            "version": item.workflow.version,
+            "payload": item.payload,
+            "hash": item.payload_hash,
+            "key": item.idempotency_key,
+            "queue": item.queue,
+            "priority": item.priority,
+            "run_after": item.run_after.isoformat() if item.run_after else None,
+        }
+        for index, item in items
+    ]
+    steps = [
+        {"ord": index, "position": position, "kind": spec.kind, "max_attempts": spec.max_attempts}
+        for index, item in items
+        for position, spec in enumerate(item.workflow.steps)
+    ]
+    params = {
+        "items": json.dumps(rows, ensure_ascii=False),
+        "steps": json.dumps(steps),
+        "author": author,
+        "user": user_id,
+    }
+    with _cursor() as cursor:
+        cursor.execute(INSERT_SQL, params, prepare=True)
+        inserted = cursor.fetchall()
+    created: dict[int, Task] = {}
+    bells: list[Doorbell] = []
+    for index, pk, created_at, first_step, available_at in inserted:
+        item = by_index[index]
+        # from_db: the row as the database holds it, without Model.__init__'s cost.
+        row = {
+            "id": pk,
+            "workflow": item.workflow.name,
+            "workflow_version": item.workflow.version,
+            "payload": item.payload,
+            "payload_hash": item.payload_hash,
+            "idempotency_key": item.idempotency_key,
+            "queue": item.queue,
+            "priority": item.priority,
+            "status": TaskStatus.PENDING,
+            "created_by": author,
+            "created_by_user_id": user_id,
+            "created_at": created_at,
+            "updated_at": created_at,
+            "finished_at": None,
+            "cancel_requested_at": None,
+        }
+        task = Task.from_db(connection.alias, TASK_FIELDS, [row[name] for name in TASK_FIELDS])
+        created[index] = task
+        countdown = max((available_at - created_at).total_seconds(), 0.0)
+        bells.append(Doorbell(first_step, item.queue, countdown))
+    ring_on_commit(bells)
+    return created

@@ -1,0 +1,312 @@
+"""Running claimed steps: draining a queue in batches, the handlers, and the classification
+of each outcome (DESIGN rule 6); the leases are renewed meanwhile by
+:mod:`tasks_app.engine.lease_keeper`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from tasks_app import services
+from tasks_app.engine import crashes, fastpath
+from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.effects import LeaseLost
+from tasks_app.engine.lease_keeper import lease_keeper
+from tasks_app.engine.transitions import leads_to_approval
+from tasks_app.exceptions import (
+    AWAITING_VERSION,
+    InvalidInput,
+    OutcomeUnknown,
+    PermanentError,
+    error_class,
+    error_text,
+)
+from tasks_app.models import Step, Task
+from tasks_app.workflows import StepSpec, registry
+
+logger = logging.getLogger(__name__)
+
+# Errors that retrying cannot fix: dead-letter at once.
+PERMANENT = (PermanentError, InvalidInput, ValidationError)
+# A batch grows while its steps take less than this each, and shrinks once a batch takes
+# longer than the second figure.
+FAST_STEP_SECONDS = 0.01
+SLOW_BATCH_SECONDS = 1.0
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead(claim: services.Claim, error_class: str, message: str, reason: str) -> None:
+    lease_keeper.forget(claim)
+    services.fail_step(
+        claim, error_class=error_class, message=message, retry_in=None, reason=reason
+    )
+
+
+# What _run_one returns once the step's outcome is recorded (it failed): nothing left to
+# complete.
+_RECORDED = object()
+
+
+def execute(claim: services.Claim) -> None:
+    """Run one claimed step and record its outcome under its fencing token."""
+    run_batch([claim])
+
+
+def run_batch(claims: Sequence[services.Claim]) -> int:
+    """Run claimed steps one after another and record their outcomes; returns how many
+    returned a result (the rest failed: retried or dead-lettered).
+
+    Failures are recorded as they happen; successes are recorded together at the end in
+    one transaction (:func:`fastpath.complete_many`), each still fenced by its token, except
+    those that reach an approval step (recorded one by one, opening its request). The
+    lease keeper keeps every lease of the batch alive until then. The batch and the step
+    running are kept in the process's claims record, so that if a step kills the process
+    the others are handed back at once, uncharged (:mod:`tasks_app.engine.crashes`).
+    """
+    if not claims:
+        return 0
+    rows = {claim.step_id: claim.step for claim in claims if claim.step is not None}
+    if len(rows) < len(claims):
+        rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
+    lease_keeper.watch(claims)
+    # Where the parent finds what this process holds, should a step kill it (crashes).
+    crashes.record.holding(claims)
+    succeeded: list[tuple[services.Claim, Any]] = []
+    try:
+        for index, claim in enumerate(claims):
+            crashes.record.running(index)
+            result = _run_one(claim, rows[claim.step_id])
+            if result is not _RECORDED:
+                succeeded.append((claim, result))
+        crashes.record.running(len(claims))
+    finally:
+        for claim in claims:
+            lease_keeper.forget(claim)
+    # A success that reaches an approval step opens its request in the same transaction,
+    # which the one-step path does; the rest are recorded together.
+    together: list[tuple[services.Claim, Any]] = []
+    one_by_one: list[tuple[services.Claim, Any]] = []
+    for claim, result in succeeded:
+        step = rows[claim.step_id]
+        reaches = leads_to_approval(step.task, step.position)
+        (one_by_one if reaches else together).append((claim, result))
+    fastpath.complete_many(together)
+    for claim, result in one_by_one:
+        services.complete_step(claim, result)
+    crashes.record.clear()
+    return len(succeeded)
+
+
+def _run_one(claim: services.Claim, step: Step) -> Any:
+    """Run one handler; returns its result, or ``_RECORDED`` once its outcome is recorded.
+
+    1. Find the workflow version the task was enqueued under; if it is gone, or the step's
+       kind is not that version's, never run it under other rules: hand it back to wait
+       for a worker that has the version (a rolling deploy; :func:`_await_version`), or
+       dead-letter it (``unknown_step_kind``).
+    2. Build the context (payload, earlier results, attempt, step key, effects ledger).
+    3. Run the handler and classify: a JSON result is returned; ``OutcomeUnknown`` and
+       permanent errors dead-letter; anything else retries with backoff.
+    """
+    task = step.task
+    flow = registry.get(task.workflow, task.workflow_version)
+    if flow is None:
+        _await_version(claim, task)
+        return _RECORDED
+    spec = flow.step(step.position)
+    if spec is None or spec.kind != step.kind:
+        _dead(
+            claim,
+            "unknown_step_kind",
+            f"step kind {step.kind!r} is not registered",
+            "unknown_step_kind",
+        )
+        return _RECORDED
+
+    if spec.approval:
+        # Opened when its task reaches it, never claimed: a claim means a bug elsewhere.
+        _dead(
+            claim,
+            "unexpected_claim",
+            f"approval step {step.kind!r} is opened when its task reaches it, not run",
+            "permanent_error",
+        )
+        return _RECORDED
+    ctx = services.step_context(
+        task, step, attempt=claim.attempt, token=claim.token, timeout=spec.timeout
+    )
+    lease_keeper.started(claim, ctx, spec.timeout)
+    try:
+        result = spec.handler(ctx)
+    except LeaseLost as exc:
+        logger.warning("step %s lost its lease: %s", step.pk, exc)
+        lease_keeper.forget(claim)
+        services.fail_step(
+            claim, error_class=error_class(exc), message=str(exc), retry_in=0, reason=""
+        )
+    except OutcomeUnknown as exc:
+        _dead(claim, error_class(exc), error_text(exc), "outcome_unknown")
+    except PERMANENT as exc:
+        _dead(claim, error_class(exc), error_text(exc), "permanent_error")
+    except Exception as exc:
+        _retry(claim, spec, exc)
+    else:
+        try:
+            json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            _dead(claim, "invalid_result", f"handler result is not JSON: {exc}", "permanent_error")
+        else:
+            return result
+    return _RECORDED
+
+
+def _await_version(claim: services.Claim, task: Task) -> None:
+    """A step whose workflow version this worker does not have registered: during a rolling
+    deploy, producers may enqueue under a version only the new workers know. The step is
+    handed back uncharged, due again in ``TASKS_VERSION_RETRY_SECONDS``, marked
+    ``awaiting_version`` (the console shows it, ``tasks_steps_awaiting_version`` counts
+    it), so a worker that has the version takes it; once it has waited
+    ``TASKS_VERSION_WAIT_SECONDS`` since it was first handed back, it is dead-lettered as
+    ``incompatible_version``."""
+    lease_keeper.forget(claim)
+    wanted = f"workflow {task.workflow} v{task.workflow_version}"
+    known = ", ".join(f"v{v}" for v in registry.versions(task.workflow)) or "no version"
+    since = services.awaiting_version_since(task.pk, claim.step_id)
+    waited = 0.0 if since is None else (services.db_now() - since).total_seconds()
+    if waited >= settings.TASKS_VERSION_WAIT_SECONDS:
+        services.fail_step(
+            claim,
+            error_class="incompatible_version",
+            message=f"{wanted} is not registered on any worker that claimed it in "
+            f"{round(waited)} s of waiting (this worker has {known})",
+            retry_in=None,
+            reason="incompatible_version",
+        )
+        return
+    message = (
+        f"{wanted} is not registered on worker {claim.worker_id} (it has {known}); "
+        f"waiting for a worker that has it, up to {settings.TASKS_VERSION_WAIT_SECONDS} s"
+    )
+    services.release_claim(
+        claim,
+        actor=f"worker:{claim.worker_id}",
+        reason=AWAITING_VERSION,
+        retry_in=settings.TASKS_VERSION_RETRY_SECONDS,
+        error=(AWAITING_VERSION, message),
+        version=task.workflow_version,
+    )
+
+
+def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:
+    lease_keeper.forget(claim)
+    services.fail_step(
+        claim,
+        error_class=error_class(exc),
+        message=error_text(exc),
+        retry_in=spec.backoff(claim.attempt),
+        reason="",
+    )
+
+
+def drain(step_id: int) -> int:
+    """Run ``step_id`` if it can be claimed, then keep claiming due steps of its queue.
+
+    Batches start at one step and double while steps are quick (up to
+    ``TASKS_CLAIM_BATCH``), so slow handlers are not hoarded by one worker. After
+    ``TASKS_DRAIN_SECONDS`` the worker rings for the rest and returns, so one message
+    never holds a worker for long. Steps whose last lease ran out come one per batch, once
+    a larger batch finds nothing else. A drain that finds a backlog (a full batch past the
+    first) rings once more, so a burst recruits workers one after another. Returns how
+    many steps were run, and logs one line at INFO when it ran any.
+    """
+    tally = _Tally(started=time.monotonic())
+    try:
+        _drain(step_id, tally)
+    finally:
+        if tally.ran:
+            logger.info(
+                "drained %d step(s) from queue %s in %.0f ms: %d returned, %d failed",
+                tally.ran,
+                tally.queue,
+                (time.monotonic() - tally.started) * 1000,
+                tally.returned,
+                tally.ran - tally.returned,
+            )
+    return tally.ran
+
+
+@dataclass
+class _Tally:
+    """What one drain did, for its log line."""
+
+    started: float
+    queue: str | None = None
+    ran: int = 0
+    returned: int = 0
+
+
+def _drain(step_id: int, tally: _Tally) -> None:
+    worker = worker_id()
+    deadline = time.monotonic() + settings.TASKS_DRAIN_SECONDS
+    size, recruited = 1, False
+    named: int | None = step_id
+    while True:
+        queue = tally.queue
+        claims = fastpath.claim_batch(worker_id=worker, limit=size, step_id=named, queue=queue)
+        if not claims and size > 1:
+            # What is left may be steps claimed only in a batch of one (LEASE_EXPIRED).
+            size = 1
+            claims = fastpath.claim_batch(worker_id=worker, limit=1, queue=queue)
+        if not claims:
+            return
+        if not recruited and size > 1 and len(claims) == size:
+            # A full batch past the first: a backlog, so wake one more worker to help.
+            ring_on_commit([Doorbell(claims[-1].step_id, claims[0].queue)])
+            recruited = True
+        tally.queue, named = claims[0].queue, None
+        began = time.monotonic()
+        tally.returned += run_batch(claims)
+        tally.ran += len(claims)
+        per_step = (time.monotonic() - began) / len(claims)
+        if per_step < FAST_STEP_SECONDS:
+            size = min(size * 2, settings.TASKS_CLAIM_BATCH)
+        elif per_step * size > SLOW_BATCH_SECONDS:
+            size = max(size // 2, 1)
+        if time.monotonic() >= deadline:
+            if fastpath.queue_has_due_steps(tally.queue):
+                ring_on_commit([Doorbell(claims[-1].step_id, tally.queue)])
+            return
+
+
+def run_task_steps(task: Task, *, limit: int = 50) -> int:
+    """Run a task's due steps in this process, one claim at a time, until none is due or
+    ``limit`` ran (for commands such as the demo seed; workers drain queues instead).
+    Returns how many ran."""
+    ran = 0
+    while ran < limit:
+        due = task.steps.due().order_by("position").values_list("pk", flat=True).first()
+        if due is None or not run_claimed(due):
+            break
+        ran += 1
+    return ran
+
+
+def run_claimed(step_id: int) -> bool:
+    """Claim ``step_id`` and run it; False when there was nothing to claim."""
+    claim = services.claim_step(step_id, worker_id=worker_id())
+    if claim is None:
+        return False
+    execute(claim)
+    return True

@@ -1,0 +1,300 @@
+"""The statements of the hot path (``tasks_app.engine.fastpath`` runs them on PostgreSQL).
+
+Each restates rules whose home is Python code, named beside it; ``tests/engine/test_parity.py``
+runs the same scenarios through both and compares the rows and events they leave, and
+``tests/engine/test_orm_path.py`` runs the Python side with this one switched off.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from tasks_app.exceptions import LEASE_EXPIRED
+from tasks_app.observability.counting import CLAIMED, ENQUEUED, SHARDS, STEP_SECONDS
+
+# "A step is due", as models.StepQuerySet.due says it, for the statements below.
+DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
+
+
+# ORM twin: counting.add. Adds the (name, count) rows of a SELECT to the metrics counters,
+# each name on this backend's shard.
+def _count_into(select: str) -> str:
+    return f"""
+    INSERT INTO tasks_app_counter (name, value)
+    SELECT name || '#' || (pg_backend_pid() %% {SHARDS}), n FROM ({select}) AS counts
+    WHERE n > 0 ORDER BY 1
+    ON CONFLICT (name) DO UPDATE SET value = tasks_app_counter.value + excluded.value"""  # noqa: S608 (the select is one of the statements below)
+
+
+# The columns of a step and of a task in the order of the models' concrete fields
+# (tests/engine/test_batch_claims.py checks they match): a claim returns the rows it claimed, so the
+# worker runs them without reading them again.
+STEP_COLUMNS = (
+    "id", "task_id", "position", "revision", "kind", "status", "queue", "priority", "attempts",
+    "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
+    "dispatched_at", "result", "last_error", "error_class", "error_fingerprint", "dead_workflow",
+    "change_request", "started_at", "finished_at",
+)  # fmt: skip
+TASK_COLUMNS = (
+    "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",
+    "priority", "status", "created_by", "created_by_user_id", "created_at", "updated_at",
+    "finished_at", "cancel_requested_at",
+)  # fmt: skip
+# The task as the claim leaves it (the `tasks` CTE's update is not visible to the final
+# SELECT of the same statement).
+_CLAIMED_TASK = {
+    "status": "'running'",
+    "updated_at": "CASE WHEN t.status <> 'running' THEN statement_timestamp() ELSE t.updated_at END",
+}
+_CLAIM_ROWS = ", ".join(
+    [f"c.{name}" for name in STEP_COLUMNS]
+    + [_CLAIMED_TASK.get(name, f"t.{name}") for name in TASK_COLUMNS]
+)
+
+# ORM twin: leases.claim_step (one step), fastpath._claim_batch_one_by_one (many). "Due" is
+# models.StepQuerySet.due, "not paused" is transitions.paused_filter, the event's steps
+# triple is transitions.step_state.
+# The batch size is written into the statement ({limit}, see claim_sql), not passed as a
+# parameter: with an unknown LIMIT PostgreSQL's generic plan expects a large batch and
+# hash-joins whole tables, so every call was planned anew (0.7-1.5 ms a claim). With the
+# size in the text there is one prepared statement per size the runner asks for, each
+# planned once.
+# One statement: pick due steps (the named one first) with their task rows, skipping rows
+# another transaction holds; mark them running with a raised token; write their leases,
+# their `claimed` events and the tasks' status.
+_CLAIM_SQL = f"""
+WITH target AS (
+    SELECT COALESCE(%(queue)s, (SELECT queue FROM tasks_app_step WHERE id = %(step)s)) AS queue
+), open_queue AS (
+    SELECT queue FROM target
+    WHERE NOT EXISTS (
+        SELECT 1 FROM tasks_app_queuestate q WHERE q.name = target.queue AND q.paused
+    )
+), named AS (
+    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.id = %(step)s AND {DUE}
+      AND s.queue = (SELECT queue FROM open_queue)
+    FOR UPDATE OF s, t SKIP LOCKED
+), more AS (
+    -- A step whose last lease ran out is claimed only in a batch of one
+    -- (exceptions.LEASE_EXPIRED).
+    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.queue = (SELECT queue FROM open_queue) AND {DUE}
+      AND s.id IS DISTINCT FROM %(step)s
+      AND ({{limit}} = 1 OR s.error_class <> '{LEASE_EXPIRED}')
+    ORDER BY s.priority DESC, s.available_at
+    LIMIT {{limit}}
+    FOR UPDATE OF s, t SKIP LOCKED
+), picked AS (
+    -- The named step first; when it cannot be claimed, its place goes to another. A named
+    -- step whose last lease ran out is the whole batch.
+    SELECT id FROM (SELECT id, 0 AS rank FROM named UNION ALL SELECT id, 1 FROM more) AS c
+    ORDER BY rank
+    LIMIT CASE WHEN EXISTS (
+        SELECT 1 FROM named JOIN tasks_app_step x ON x.id = named.id
+        WHERE x.error_class = '{LEASE_EXPIRED}'
+    ) THEN 1 ELSE {{limit}} END
+), claimed AS (
+    UPDATE tasks_app_step s
+    SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,
+        lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
+        started_at = statement_timestamp()
+    WHERE s.id IN (SELECT id FROM picked)
+    RETURNING {", ".join(f"s.{name}" for name in STEP_COLUMNS)}
+), leases AS (
+    INSERT INTO tasks_app_lease (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
+    SELECT id, fencing_token, %(worker)s, statement_timestamp(), lease_expires_at, NULL, ''
+    FROM claimed
+), events AS (
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT task_id, id, 'claimed', %(actor)s, NULL, '',
+           jsonb_build_object(
+               'steps', jsonb_build_object(id::text, jsonb_build_array('running', attempts, fencing_token)),
+               'token', fencing_token, 'attempt', attempts, 'lease_seconds', %(lease)s
+           ),
+           statement_timestamp()
+    FROM claimed
+), tasks AS (
+    UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
+    FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
+), counted AS ({_count_into(f"SELECT '{CLAIMED}:' || queue AS name, count(*) AS n FROM claimed GROUP BY queue")}
+)
+SELECT {_CLAIM_ROWS}
+FROM claimed c JOIN tasks_app_task t ON t.id = c.task_id
+ORDER BY c.id = %(step)s DESC, c.priority DESC, c.available_at, c.id
+"""  # noqa: S608 (DUE, LEASE_EXPIRED and the column names are constants, not input)
+
+
+@cache
+def claim_sql(limit: int) -> str:
+    """The claim statement for batches of ``limit`` steps."""
+    return _CLAIM_SQL.replace("{limit}", str(int(limit)))
+
+
+# ORM twin: transitions.lock_task, for many tasks in id order.
+LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
+
+
+# ORM twin: leases.complete_step. "What a success leads to" is transitions.after_success
+# (here: the blocked step at the next position; the runner sends a success for which
+# transitions.leads_to_approval holds through complete_step instead), the task's status
+# is transitions.settle_task's, the steps triple transitions.step_state's, and how the
+# attempt ends is endings.finish_attempt's (its event here; the task's ending event,
+# endings.record_ending, written by fastpath.complete_many after this statement).
+# One statement after the tasks are locked: fenced success for every step still held by
+# its token, leases released, the next step of each task made due (unless a cancel was
+# requested), task status settled, and one `succeeded` event per step. The `cancelled`
+# event of a task whose cancel was requested meanwhile is an operator event, chained
+# (audit_chain): fastpath.complete_many writes it after this statement, as complete_step does.
+# The task columns of a row that is not a settled task's (typed by the first branch).
+_NO_TASK = ", ".join(["NULL"] * len(TASK_COLUMNS))
+COMPLETE_SQL = f"""
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[], %(actors)s::text[])
+        AS i(id, token, result, actor)
+), done AS (
+    UPDATE tasks_app_step s
+    SET status = 'succeeded', result = i.result, finished_at = statement_timestamp(),
+        lease_expires_at = NULL
+    FROM input i
+    WHERE s.id = i.id AND s.fencing_token = i.token AND s.status = 'running'
+    RETURNING s.id, s.task_id, s.position, s.attempts, s.fencing_token, s.started_at
+), released AS (
+    UPDATE tasks_app_lease l SET released_at = statement_timestamp(), outcome = 'succeeded'
+    FROM done WHERE l.step_id = done.id AND l.token = done.fencing_token AND l.released_at IS NULL
+), nxt AS (
+    UPDATE tasks_app_step n
+    SET status = 'pending', available_at = statement_timestamp(),
+        dispatched_at = statement_timestamp()
+    FROM done JOIN tasks_app_task t ON t.id = done.task_id
+    WHERE n.task_id = done.task_id AND n.position = done.position + 1 AND n.status = 'blocked'
+      AND t.cancel_requested_at IS NULL
+    RETURNING n.id, n.task_id, n.queue, n.attempts, n.fencing_token
+), settled AS (
+    UPDATE tasks_app_task t
+    SET status = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN nxt.id IS NULL THEN 'succeeded' ELSE 'pending' END,
+        finished_at = CASE WHEN nxt.id IS NULL THEN statement_timestamp() END,
+        updated_at = statement_timestamp()
+    FROM done LEFT JOIN nxt ON nxt.task_id = done.task_id
+    WHERE t.id = done.task_id
+    RETURNING {", ".join(f"t.{name}" for name in TASK_COLUMNS)}
+), events AS (
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT task_id, step_id, kind, actor, NULL, reason, data, statement_timestamp()
+    FROM (
+        SELECT done.task_id, done.id AS step_id, 'succeeded' AS kind, i.actor,
+               '' AS reason,
+               jsonb_build_object(
+                   'steps',
+                   jsonb_build_object(
+                       done.id::text, jsonb_build_array('succeeded', done.attempts, done.fencing_token)
+                   ) || CASE WHEN nxt.id IS NULL THEN '{{}}'::jsonb ELSE jsonb_build_object(
+                       nxt.id::text, jsonb_build_array('pending', nxt.attempts, nxt.fencing_token)
+                   ) END,
+                   'token', done.fencing_token, 'task_status', settled.status
+               ) AS data
+        FROM done JOIN input i ON i.id = done.id AND i.token = done.fencing_token
+             JOIN settled ON settled.id = done.task_id
+             LEFT JOIN nxt ON nxt.task_id = done.task_id
+    ) AS e
+    ORDER BY task_id
+), timed AS (
+    -- counting.bucket_of: each run's bucket (the smallest bound it fits), and the sum, per
+    -- workflow (counting.step_seconds_name), the workflow read from the settled task row.
+    SELECT settled.workflow,
+           extract(epoch FROM statement_timestamp() - done.started_at)::float8 AS seconds
+    FROM done JOIN settled ON settled.id = done.task_id
+), counted AS ({
+    _count_into(f"""
+    -- The number of bounds at or above the run time, counted by width_bucket over the
+    -- bounds negated (ascending): the run's bucket is the smallest of them, or none.
+    SELECT '{STEP_SECONDS}@' || timed.workflow || ':le=' || COALESCE(
+               (%(labels)s::text[])[cardinality(%(labels)s::text[]) + 1
+                                   - width_bucket(-timed.seconds, %(negated_bounds)s::float8[])],
+               'inf'
+           ) AS name, count(*) AS n
+    FROM timed GROUP BY 1
+    UNION ALL
+    SELECT '{STEP_SECONDS}@' || workflow || ':sum_ms', round(sum(seconds) * 1000)::bigint
+    FROM timed GROUP BY workflow""")
+}
+)
+SELECT 'settled', id, status, {", ".join(TASK_COLUMNS)}
+FROM settled WHERE status IN ('succeeded', 'cancelled')
+UNION ALL
+SELECT 'done', id, fencing_token::text, {_NO_TASK} FROM done
+UNION ALL
+SELECT 'next', id, queue, {_NO_TASK} FROM nxt
+"""  # noqa: S608 (the column names are constants, not input)
+
+
+_TASK_INSERT_COLUMNS = """id, workflow, workflow_version, payload, payload_hash, idempotency_key,
+    queue, priority, status, created_by, created_by_user_id, created_at, updated_at, finished_at,
+    cancel_requested_at"""
+_TASK_INSERT_VALUES = """id, workflow, version, payload, hash, key, queue, priority, 'pending',
+    %(author)s, %(user)s, statement_timestamp(), statement_timestamp(), NULL, NULL"""
+
+# ORM twin: enqueueing._insert_with_orm. Each step's key is models.step_key's (revision 0),
+# restated in SQL.
+# One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
+# enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.
+# Ids are drawn first so every row maps back to its item, and rows go in key order so two
+# batches sharing keys queue on them in one order instead of deadlocking.
+INSERT_SQL = f"""
+WITH input AS (
+    SELECT i.*, nextval(pg_get_serial_sequence('tasks_app_task', 'id')) AS id
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS i(
+        ord int, workflow text, version int, payload jsonb, hash text, key text, queue text,
+        priority int, run_after timestamptz
+    )
+), spec AS (
+    SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb)
+        AS s(ord int, position int, kind text, max_attempts int)
+), keyed AS (
+    INSERT INTO tasks_app_task ({_TASK_INSERT_COLUMNS})
+    SELECT {_TASK_INSERT_VALUES}
+    FROM input WHERE key IS NOT NULL ORDER BY key, ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, created_at
+), keyless AS (
+    -- No key, no conflict to look for: a plain insert, without the speculative insertion
+    -- (and its extra WAL record) that ON CONFLICT costs every row.
+    INSERT INTO tasks_app_task ({_TASK_INSERT_COLUMNS})
+    SELECT {_TASK_INSERT_VALUES}
+    FROM input WHERE key IS NULL ORDER BY ord
+    RETURNING id, created_at
+), tasks AS (
+    SELECT id, created_at FROM keyed UNION ALL SELECT id, created_at FROM keyless
+), steps AS (
+    INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, priority, attempts,
+                                max_attempts, available_at, idempotency_key, fencing_token,
+                                lease_expires_at, dispatched_at, result, last_error, error_class,
+                                started_at, finished_at)
+    SELECT t.id, s.position, 0, s.kind, CASE WHEN s.position = 0 THEN 'pending' ELSE 'blocked' END,
+           i.queue, i.priority, 0, s.max_attempts,
+           CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
+           COALESCE(i.key, 'task-' || t.id) || ':' || s.position || ':' || s.kind, 0,
+           NULL, CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
+           NULL, '', '', NULL, NULL
+    FROM tasks t JOIN input i ON i.id = t.id JOIN spec s ON s.ord = i.ord
+    ORDER BY t.id, s.position
+    RETURNING id, task_id, position, status, available_at
+), states AS (
+    SELECT task_id, jsonb_object_agg(id::text, jsonb_build_array(status, 0, 0)) AS steps,
+           min(id) FILTER (WHERE position = 0) AS first_step,
+           min(available_at) FILTER (WHERE position = 0) AS available_at
+    FROM steps GROUP BY task_id
+), events AS (
+    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
+    SELECT t.id, NULL, 'enqueued', %(author)s, %(user)s, '',
+           jsonb_build_object('workflow', i.workflow, 'version', i.version, 'queue', i.queue,
+                              'payload_hash', i.hash, 'steps', st.steps),
+           t.created_at
+    FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
+    ORDER BY t.id
+), counted AS ({_count_into(f"SELECT '{ENQUEUED}:' || i.workflow AS name, count(*) AS n FROM tasks t JOIN input i ON i.id = t.id GROUP BY i.workflow")}
+)
+SELECT i.ord, t.id, t.created_at, st.first_step, st.available_at
+FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
+"""  # noqa: S608 (the names are constants, not input)

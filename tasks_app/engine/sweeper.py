@@ -1,0 +1,179 @@
+"""The sweeper: reap expired leases, ring again for due steps whose doorbell was lost,
+prune history past its retention, and run the periodic jobs other apps register."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from tasks_app.access import SWEEPER
+from tasks_app.db.lock_conflicts import is_lock_conflict, lock_wait
+from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.endings import finish_attempt, next_status
+from tasks_app.engine.transitions import (
+    db_now,
+    paused_filter,
+    release_lease,
+    try_lock_task,
+)
+from tasks_app.exceptions import LEASE_EXPIRED
+from tasks_app.models import EventKind, Lease, Step, StepStatus
+from tasks_app.observability import presence, workflow_samples
+from tasks_app.operations import retention
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    reaped: int
+    redispatched: int
+    # What the jobs other apps registered did (name -> count), e.g. expired approvals.
+    jobs: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"reaped": self.reaped, "redispatched": self.redispatched, **self.jobs}
+
+
+SweepJob = Callable[[int], int]
+
+
+_sweep_jobs: dict[str, SweepJob] = {}
+
+
+def register_sweep_job(name: str, job: SweepJob) -> None:
+    """Have the sweeper also run ``job(limit)`` (returning how many rows it handled); an
+    app building on the core registers its periodic work here, as approvals does for
+    expiry."""
+    _sweep_jobs[name] = job
+
+
+# The core's own periodic work: retention prunes one batch of finished tasks and one of
+# operator events past the audit retention per sweep (tasks_app.operations.retention).
+register_sweep_job("pruned", retention.sweep_tasks)
+register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
+# About once a minute, each workflow's counters into the workflow figures' roll-up
+# (tasks_app.observability.workflow_samples); always reported as 0, sampling being upkeep.
+register_sweep_job("workflow_samples", workflow_samples.sample)
+
+
+def sweep(*, limit: int = 500) -> SweepReport:
+    """One sweep: reap, ring again, then the registered jobs.
+
+    The sweeper never waits on a row another transaction holds (``tasks_app.db.lock_conflicts``):
+    it skips such rows and comes back to them next time, and each part runs under
+    ``TASKS_SWEEPER_LOCK_TIMEOUT_MS``, so one part stopped by a held lock leaves the others
+    to run. A part that fails otherwise (the database gone) fails the sweep.
+    """
+    with lock_wait(settings.TASKS_SWEEPER_LOCK_TIMEOUT_MS):
+        reaped = _part("reap", reap_expired_leases, limit)
+        redispatched = _part("redispatch", redispatch_due, limit)
+        jobs = {name: _part(name, job, limit) for name, job in list(_sweep_jobs.items())}
+    report = SweepReport(reaped=reaped, redispatched=redispatched, jobs=jobs)
+    # What readiness asks about: the sweeper is running and reaches the database.
+    presence.sweeper_ran()
+    return report
+
+
+def _part(name: str, work: SweepJob, limit: int) -> int:
+    try:
+        return work(limit)
+    except DatabaseError as exc:
+        if not is_lock_conflict(exc):
+            raise
+        logger.warning("sweep: %s waited too long for a lock (%s); next sweep", name, exc)
+        return 0
+
+
+def reap_expired_leases(limit: int = 500) -> int:
+    """Return steps whose lease ran out (by the database's clock) to pending, or dead-letter
+    them when their attempts are spent. Either way the step records ``LEASE_EXPIRED`` as
+    its error: a pending one is then claimed in a batch of its own, so if it kills the
+    process running it, it takes no other step's attempt along. A task or step another
+    transaction holds is left for the next sweep."""
+    expired = list(
+        Step.objects.filter(status=StepStatus.RUNNING, lease_expires_at__lt=Now())
+        .order_by("lease_expires_at")
+        .values_list("pk", "task_id", "fencing_token")[:limit]
+    )
+    reaped = 0
+    for step_id, task_id, token in expired:
+        with transaction.atomic():
+            task = try_lock_task(task_id)
+            if task is None:
+                continue
+            # Re-checked under the lock: the worker may have finished or renewed meanwhile.
+            step = (
+                Step.objects.select_for_update(skip_locked=True)
+                .filter(
+                    pk=step_id,
+                    status=StepStatus.RUNNING,
+                    fencing_token=token,
+                    lease_expires_at__lt=Now(),
+                )
+                .first()
+            )
+            if step is None:
+                continue
+            release_lease(step, token, Lease.Outcome.EXPIRED)
+            step.lease_expires_at = None
+            now = db_now()
+            step.status = outcome = next_status(task, step, may_retry=True)
+            if step.status == StepStatus.PENDING:
+                step.available_at = step.dispatched_at = now
+            else:
+                step.finished_at = now
+            if outcome != StepStatus.CANCELLED:
+                step.error_class = LEASE_EXPIRED
+                step.last_error = f"lease of token {token} expired on attempt {step.attempts}"
+            step.save()
+            finish_attempt(
+                task,
+                step,
+                EventKind.LEASE_EXPIRED,
+                actor=SWEEPER,
+                ended_by=SWEEPER,
+                ending_reason=LEASE_EXPIRED
+                if step.status == StepStatus.DEAD
+                else "cancel requested while the step ran; its lease expired",
+                token=token,
+                outcome=str(outcome),
+            )
+            if step.status == StepStatus.PENDING:
+                ring_on_commit([Doorbell(step.pk, step.queue)])
+            reaped += 1
+    return reaped
+
+
+def redispatch_due(limit: int = 500) -> int:
+    """Ring again for due steps whose doorbell may have been lost.
+
+    A step is rung at most once per ``TASKS_REDISPATCH_SECONDS`` (``dispatched_at``), and
+    at most ``limit`` per sweep, so a broker outage does not turn into a flood. The rows
+    are locked as they are chosen, skipping any another transaction holds (a worker
+    completing it, a person acting on it): the sweeper never waits on them, so it cannot
+    deadlock with a completion, and the lock re-checks that each is still due.
+    """
+    interval = timedelta(seconds=settings.TASKS_REDISPATCH_SECONDS)
+    with transaction.atomic():
+        now = db_now()
+        due = list(
+            Step.objects.due(now)
+            .filter(Q(dispatched_at=None) | Q(dispatched_at__lte=now - interval))
+            .exclude(paused_filter())
+            .select_for_update(skip_locked=True, of=("self",))
+            .order_by("-priority", "available_at")
+            .values_list("pk", "queue")[:limit]
+        )
+        if not due:
+            return 0
+        Step.objects.filter(pk__in=[pk for pk, _ in due]).update(dispatched_at=now)
+        ring_on_commit([Doorbell(pk, queue) for pk, queue in due])
+    return len(due)

@@ -1,0 +1,279 @@
+"""Steps a person decides: opening an approval step when its task reaches it, settling it
+after a decision or an expiry, sending a task back for a new revision, and taking a
+person's own revision of the draft."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from tasks_app.access import SYSTEM, Actor, actor_fields
+from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.endings import finish_attempt
+from tasks_app.engine.transitions import (
+    after_success,
+    cancel_steps,
+    current_steps,
+    db_now,
+    event_error,
+    settle_and_record,
+    step_context,
+)
+from tasks_app.exceptions import InvalidTransition, error_class, error_text
+from tasks_app.models import EventKind, Step, StepStatus, Task, step_key
+from tasks_app.workflows import AwaitDecision, registry
+
+logger = logging.getLogger(__name__)
+
+
+def open_approval_step(task: Task, step: Step, *, actor: Actor, reason: str = "") -> None:
+    """Open the approval step the task has reached, in the caller's transaction (the task
+    row locked): it goes to ``waiting_approval`` and its request is recorded, with an
+    ``approval_requested`` event, in the same commit as the change that reached it.
+
+    1. Call the step's handler with the task's payload and earlier results; it reads the
+       draft and returns :class:`AwaitDecision`.
+    2. In a savepoint, mark the step waiting and let ``open_request`` record the request.
+    3. A handler that fails, or returns anything else, leaves nothing of step 2 behind: the
+       step is dead-lettered (``permanent_error``) for on-call, and the change that
+       reached it stands.
+    """
+    flow = registry.get(task.workflow, task.workflow_version)
+    spec = flow.step(step.position) if flow is not None else None
+    ctx = step_context(task, step, attempt=step.attempts, token=step.fencing_token)
+    failure: tuple[str, str] = ("invalid_result", "an approval step must return AwaitDecision")
+    data: dict[str, Any] | None = None
+    try:
+        with transaction.atomic():
+            wait = spec.handler(ctx) if spec is not None else None
+            if isinstance(wait, AwaitDecision):
+                step.status = StepStatus.WAITING_APPROVAL
+                step.save(update_fields=["status"])
+                data = wait.open_request(task, step)
+    except Exception as exc:
+        logger.exception("approval step %s of task %s could not open", step.pk, task.pk)
+        failure = (error_class(exc), error_text(exc))
+    if data is None:
+        step.status = StepStatus.DEAD
+        step.error_class, step.last_error = failure
+        step.finished_at = db_now()
+        step.save(update_fields=["status", "error_class", "last_error", "finished_at"])
+        finish_attempt(
+            task,
+            step,
+            EventKind.DEAD_LETTERED,
+            actor=actor,
+            reason="permanent_error",
+            ended_by=actor,
+            ending_reason="permanent_error",
+            error_class=step.error_class,
+            error=event_error(step.last_error),
+        )
+        return
+    settle_and_record(
+        EventKind.APPROVAL_REQUESTED,
+        task,
+        step_id=step.pk,
+        actor=actor,
+        reason=reason,
+        steps=[step],
+        **data,
+    )
+
+
+def waiting_step(task: Task, step_id: int) -> Step:
+    step = Step.objects.select_for_update().get(pk=step_id, task=task)
+    if step.status != StepStatus.WAITING_APPROVAL:
+        raise InvalidTransition(f"step {step.kind} of task #{task.pk} is {step.status}")
+    return step
+
+
+def close_approval_step(
+    task: Task,
+    step_id: int,
+    *,
+    step_status: str,
+    event_kind: str,
+    actor: Actor,
+    reason: str = "",
+    result: Any = None,
+    error: str = "",
+    **data: Any,
+) -> str:
+    """Settle a waiting approval step; the caller holds the task's lock (:func:`lock_task`)
+    and has recorded the decision. Returns the task's new status.
+
+    ``step_status`` is ``succeeded`` (approved: ``result`` is stored and the next step made
+    due), ``cancelled`` (rejected, or expired under the cancel policy: the task's
+    remaining steps are cancelled with it) or ``dead`` (expired under the dead-letter
+    policy: ``error`` says why, and on-call redrives or cancels). One event of ``event_kind``
+    with ``actor`` and ``reason`` records the change; a task that dies or is cancelled
+    by it also gets its ``dead_lettered`` or ``cancelled`` event (actor ``system``).
+    """
+    step = waiting_step(task, step_id)
+    now = db_now()
+    changed = [step]
+    bells: list[Doorbell] = []
+    step.finished_at = now
+    reached = None
+    if step_status == StepStatus.SUCCEEDED:
+        step.status = StepStatus.SUCCEEDED
+        step.result = result
+        step.save(update_fields=["status", "result", "finished_at"])
+        due, reached = after_success(task, step, now)
+        changed += due
+        bells = [Doorbell(s.pk, s.queue) for s in due]
+    elif step_status == StepStatus.CANCELLED:
+        step.status = StepStatus.CANCELLED
+        step.save(update_fields=["status", "finished_at"])
+        changed += cancel_steps(task, (StepStatus.BLOCKED, StepStatus.PENDING), now)
+    elif step_status == StepStatus.DEAD:
+        step.status = StepStatus.DEAD
+        step.error_class = event_kind
+        step.last_error = error
+        step.save(update_fields=["status", "finished_at", "error_class", "last_error"])
+    else:
+        raise ValueError(f"close_approval_step: unknown step_status {step_status!r}")
+    # A task that ends here ends with its status event too, as every other path does, so
+    # timelines and dead-letter and cancel counts read one kind of event for each.
+    who, _ = actor_fields(actor)
+    status = finish_attempt(
+        task,
+        step,
+        event_kind,
+        actor=actor,
+        reason=reason,
+        also=changed[1:],
+        ended_by=SYSTEM,
+        ending_reason=event_kind if step_status == StepStatus.DEAD else f"{event_kind} by {who}",
+        **data,
+    )
+    if reached is not None:
+        open_approval_step(task, reached, actor=actor)
+    ring_on_commit(bells)
+    return status
+
+
+def revise(
+    task: Task,
+    step_id: int,
+    *,
+    back_to: str,
+    actor: Actor,
+    reason: str,
+    change_request: dict[str, Any],
+    **data: Any,
+) -> list[Step]:
+    """Send a task back from a waiting approval step to the step of kind ``back_to``.
+
+    The caller holds the task's lock. The current rows from ``back_to`` up to the approval
+    step become ``superseded`` (they stay as history); new rows for the same positions are
+    appended with the task's next revision number and step keys ending ``:r<n>``. The
+    first new row is due now and carries ``change_request`` for its handler. Returns the
+    new rows.
+    """
+    approval = waiting_step(task, step_id)
+    replaced, fresh, revision, now = _next_revision(task, approval, back_to)
+    first = fresh[0]
+    first.status = StepStatus.PENDING
+    first.available_at = first.dispatched_at = now
+    first.change_request = {**change_request, "revision": revision}
+    Step.objects.bulk_create(fresh)
+    settle_and_record(
+        EventKind.CHANGES_REQUESTED,
+        task,
+        step_id=approval.pk,
+        actor=actor,
+        reason=reason,
+        steps=[*replaced, *fresh],
+        revision=revision,
+        back_to=back_to,
+        **data,
+    )
+    ring_on_commit([Doorbell(first.pk, first.queue)])
+    return fresh
+
+
+def replace_draft(
+    task: Task,
+    step_id: int,
+    *,
+    draft_from: str,
+    draft: Any,
+    actor: Actor,
+    reason: str,
+    **data: Any,
+) -> list[Step]:
+    """A person's own revision of the draft under review, from a waiting approval step.
+
+    As :func:`revise`, the rows from ``draft_from`` up to the approval step are superseded
+    by a new revision; but the new drafting row is ``succeeded`` at once with ``draft`` as
+    its result (no worker runs it), so the task goes on from there: the steps between run,
+    or the approval step opens again with the new draft. The caller holds the task's lock,
+    has checked ``draft``, and records who wrote it. Returns the new rows.
+    """
+    approval = waiting_step(task, step_id)
+    replaced, fresh, revision, now = _next_revision(task, approval, draft_from)
+    first = fresh[0]
+    first.status = StepStatus.SUCCEEDED
+    first.result = draft
+    first.finished_at = now
+    Step.objects.bulk_create(fresh)
+    due, reached = after_success(task, first, now)
+    settle_and_record(
+        EventKind.DRAFT_EDITED,
+        task,
+        step_id=approval.pk,
+        actor=actor,
+        reason=reason,
+        steps=[*replaced, *fresh],
+        revision=revision,
+        **data,
+    )
+    if reached is not None:
+        open_approval_step(task, reached, actor=actor)
+    ring_on_commit([Doorbell(s.pk, s.queue) for s in due])
+    return fresh
+
+
+def _next_revision(
+    task: Task, approval: Step, back_to: str
+) -> tuple[list[Step], list[Step], int, datetime]:
+    """Supersede the current rows from the step of kind ``back_to`` through ``approval``,
+    and make (unsaved, ``blocked``) the rows of the next revision that replace them."""
+    current = {s.position: s for s in current_steps(task)}
+    start = next(
+        (
+            s.position
+            for s in current.values()
+            if s.kind == back_to and s.position < approval.position
+        ),
+        None,
+    )
+    if start is None:
+        raise InvalidTransition(f"task #{task.pk} has no step {back_to!r} before {approval.kind}")
+    replaced = [current[p] for p in range(start, approval.position + 1)]
+    revision = max(task.steps.values_list("revision", flat=True)) + 1
+    now = db_now()
+    for old in replaced:
+        old.status = StepStatus.SUPERSEDED
+        old.finished_at = old.finished_at or now
+    Step.objects.bulk_update(replaced, ["status", "finished_at"])
+    fresh = [
+        Step(
+            task=task,
+            position=old.position,
+            revision=revision,
+            kind=old.kind,
+            status=StepStatus.BLOCKED,
+            queue=task.queue,
+            priority=task.priority,
+            max_attempts=old.max_attempts,
+            idempotency_key=step_key(task.key, old.position, old.kind, revision),
+        )
+        for old in replaced
+    ]
+    return replaced, fresh, revision, now

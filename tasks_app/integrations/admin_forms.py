@@ -1,0 +1,181 @@
+"""The admin's forms: enqueue a task, and the reason an operator action asks for.
+
+They only parse (JSON text into an object, a date and a time into an aware datetime); the
+input rules live in :mod:`tasks_app.validation`, the workflows' own payload validators and
+the services, whose :class:`InvalidInput` the admin shows on the field it names.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib.admin.widgets import AdminSplitDateTime
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from tasks_app.exceptions import InvalidInput
+from tasks_app.validation import MAX_PRIORITY, MIN_PRIORITY
+from tasks_app.workflows import PayloadValidator, Workflow, registry
+
+# What a field the validator asks for is filled with while its rules are read.
+PLACEHOLDER = "…"
+# A validator that keeps asking for more fields is not asked forever.
+MAX_PROBES = 50
+# A field no validator asks for, to learn whether it refuses fields it did not ask for.
+EXTRA_FIELD = "no_such_field"
+
+
+def payload_rules(flow: Workflow) -> list[str]:
+    """What the workflow's own payload validator requires, in its own words.
+
+    The registry offers each workflow's validator, not a schema, so the rules are read
+    from the validator itself (they cannot drift from what enqueue checks):
+
+    1. Its docstring, if it has one.
+    2. Its answer to an empty object; while it answers that a top-level field is
+       required, fill that field with a placeholder string and ask again, until it accepts
+       the payload or names another rule. Each answer is one line of the help.
+    3. Once it accepts the payload, whether it refuses a field it did not ask for.
+    """
+    validate = flow.validate_payload
+    if validate is None:
+        return ["Any JSON object."]
+    lines = []
+    doc = inspect.getdoc(validate)
+    if doc:
+        lines.append(doc)
+    probe: dict[str, Any] = {}
+    for _ in range(MAX_PROBES):
+        refusal = _refusal(validate, probe)
+        if refusal is None:
+            if not probe:
+                lines.append("{} is accepted: every field it checks is optional.")
+            elif _refusal(validate, {**probe, EXTRA_FIELD: PLACEHOLDER}) is not None:
+                lines.append("No other fields.")
+            break
+        lines.append(str(refusal))
+        name = refusal.field.removeprefix("payload.")
+        simple = refusal.field.startswith("payload.") and name.isidentifier()
+        if refusal.rule != "required" or not simple or name in probe:
+            break
+        probe[name] = PLACEHOLDER
+    return lines
+
+
+def _refusal(validate: PayloadValidator, payload: dict[str, Any]) -> InvalidInput | None:
+    try:
+        validate(payload)
+    except InvalidInput as exc:
+        return exc
+    except Exception:  # a validator that trips on the probe refuses it; the page still works
+        return InvalidInput("payload", "unknown", "(its further rules show when you enqueue)")
+    return None
+
+
+def _steps(flow: Workflow) -> str:
+    return " → ".join(
+        f"{spec.kind} (a person decides)" if spec.approval else spec.kind for spec in flow.steps
+    )
+
+
+def workflows_help() -> SafeString:
+    """Each registered workflow (its latest version): what it does, its steps, and its
+    payload rules; escaped, as a list for the payload field's help."""
+    flows = [registry.latest(name) for name in registry.names()]
+    items = format_html_join(
+        "",
+        "<li><strong>{}</strong> v{}: {} <span class='quiet'>Steps: {}.</span><ul>{}</ul></li>",
+        (
+            (
+                flow.name,
+                flow.version,
+                flow.description or "(no description)",
+                _steps(flow),
+                format_html_join("", "<li>{}</li>", ((line,) for line in payload_rules(flow))),
+            )
+            for flow in flows
+        ),
+    )
+    return format_html(
+        "A JSON object, checked by the input rules and by the chosen workflow's own rules:"
+        "<ul class='workflow-rules'>{}</ul>",
+        items,
+    )
+
+
+class EnqueueForm(forms.Form):
+    workflow = forms.ChoiceField()
+    payload = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 10, "cols": 80, "class": "vLargeTextField"}),
+        initial="{}",
+        strip=False,
+    )
+    # Not stripped, and no length or character rules here: the key's rules are enqueue's.
+    idempotency_key = forms.CharField(
+        required=False,
+        strip=False,
+        empty_value=None,
+        widget=forms.TextInput(attrs={"class": "vTextField", "autocomplete": "off"}),
+        help_text=(
+            "Optional; names the business action (e.g. publish:article-001:v3). The same key "
+            "with the same workflow and payload returns the existing task."
+        ),
+    )
+    queue = forms.ChoiceField()
+    priority = forms.IntegerField(
+        initial=0,
+        widget=forms.NumberInput(attrs={"min": MIN_PRIORITY, "max": MAX_PRIORITY}),
+        help_text=f"From {MIN_PRIORITY} to {MAX_PRIORITY}; higher runs first.",
+    )
+    run_after = forms.SplitDateTimeField(
+        required=False,
+        widget=AdminSplitDateTime,
+        label="Run after",
+        help_text=f"Optional; not before this time ({settings.TIME_ZONE}).",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Read when the form is made: workflows register at start-up (and in tests).
+        workflow = self.fields["workflow"]
+        queue = self.fields["queue"]
+        assert isinstance(workflow, forms.ChoiceField) and isinstance(queue, forms.ChoiceField)
+        workflow.choices = [
+            ("", "---------"),
+            *(
+                (flow.name, f"{flow.name} — {flow.description}" if flow.description else flow.name)
+                for flow in (registry.latest(name) for name in registry.names())
+            ),
+        ]
+        queue.choices = [(name, name) for name in settings.TASKS_QUEUES]
+        queue.initial = settings.TASKS_QUEUES[0]
+        self.fields["payload"].help_text = workflows_help()
+
+    def clean_payload(self) -> Any:
+        text: str = self.cleaned_data["payload"]
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"payload: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise forms.ValidationError("payload: nested too deeply to read") from None
+
+
+def add_input_error(form: forms.Form, exc: InvalidInput) -> None:
+    """Show a rule a service refused on the field it names (``payload.title`` is the
+    payload's); a field the form does not have gets a form-wide error."""
+    form.add_error(exc.top_field if exc.top_field in form.fields else None, str(exc))
+
+
+class ReasonForm(forms.Form):
+    """The reason an operator action records; the services require it (and say so)."""
+
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "required": True}),
+        help_text="Recorded with each task's event: who did what, and why.",
+    )

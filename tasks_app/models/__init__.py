@@ -1,0 +1,70 @@
+"""Tasks, their steps, every lease and an append-only event history.
+
+The database is the source of truth: nothing but ``tasks_app.services`` writes a status
+field, and every transition is written beside its :class:`Event` in one transaction.
+
+The tables live in modules of one concern each: ``work`` (tasks, steps, their statuses and
+leases), ``effect_ledger`` (the external writes), ``events`` (the history and the audit
+chain's checkpoints) and ``system_state`` (queue switches, counters, heartbeats, workflow
+samples). Their public names are re-exported here, so ``from tasks_app.models import Task``
+is the one way in.
+"""
+
+from __future__ import annotations
+
+from tasks_app.models.effect_ledger import Effect
+from tasks_app.models.events import (
+    OPERATOR_EVENT_KINDS,
+    RARE_EVENT_KINDS,
+    AppendOnlyError,
+    AuditCheckpoint,
+    AuditCheckpointQuerySet,
+    Event,
+    EventKind,
+    EventQuerySet,
+)
+from tasks_app.models.system_state import Counter, Heartbeat, QueueState, WorkflowSample
+from tasks_app.models.work import (
+    ACTIVE_TASK_STATUSES,
+    AWAITING_VERSION_Q,
+    FINAL_STEP_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    Lease,
+    PayloadSearch,
+    Step,
+    StepQuerySet,
+    StepStatus,
+    Task,
+    TaskQuerySet,
+    TaskStatus,
+    step_key,
+)
+
+__all__ = [
+    "ACTIVE_TASK_STATUSES",
+    "AWAITING_VERSION_Q",
+    "FINAL_STEP_STATUSES",
+    "OPERATOR_EVENT_KINDS",
+    "RARE_EVENT_KINDS",
+    "TERMINAL_TASK_STATUSES",
+    "AppendOnlyError",
+    "AuditCheckpoint",
+    "AuditCheckpointQuerySet",
+    "Counter",
+    "Effect",
+    "Event",
+    "EventKind",
+    "EventQuerySet",
+    "Heartbeat",
+    "Lease",
+    "PayloadSearch",
+    "QueueState",
+    "Step",
+    "StepQuerySet",
+    "StepStatus",
+    "Task",
+    "TaskQuerySet",
+    "TaskStatus",
+    "WorkflowSample",
+    "step_key",
+]

@@ -1,0 +1,322 @@
+"""What people do to tasks: redrive, resolve, cancel (one task or many), pause and resume a
+queue. Each checks the actor's permission and records who did it and why."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from tasks_app import validation
+from tasks_app.access import Actor, actor_fields, check_permission
+from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.transitions import (
+    after_success,
+    cancel_steps,
+    db_now,
+    is_approval,
+    lock_task,
+    record_event,
+    settle_and_record,
+)
+from tasks_app.engine.waiting import open_approval_step
+from tasks_app.exceptions import InvalidInput, InvalidTransition
+from tasks_app.models import Effect, EventKind, QueueState, Step, StepStatus, Task
+from tasks_app.operations.task_actions import ACTIONS, Action, refusal
+from tasks_app.signals import steps_cancelled
+from tasks_app.workflows import registry
+
+
+def _run_again(step: Step, now: datetime) -> None:
+    """A dead step becomes due now with a fresh attempt budget; its token keeps rising."""
+    step.status = StepStatus.PENDING
+    step.attempts = 0
+    step.available_at = step.dispatched_at = now
+    step.finished_at = None
+    step.save(update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"])
+
+
+def _ring_or_open(task: Task, steps: Sequence[Step], *, actor: Actor) -> None:
+    """After a redrive or a resolve: ring for the steps made due, and open the request of
+    an approval step among them (no worker runs one)."""
+    bells = []
+    for step in steps:
+        if is_approval(task, step.position):
+            open_approval_step(task, step, actor=actor)
+        else:
+            bells.append(Doorbell(step.pk, step.queue))
+    ring_on_commit(bells)
+
+
+CANCELLABLE = (
+    StepStatus.BLOCKED,
+    StepStatus.PENDING,
+    StepStatus.WAITING_APPROVAL,
+    StepStatus.DEAD,
+)
+
+
+def _dead_steps(task: Task, action: Action) -> list[Step]:
+    """The task's dead steps, locked, once the action is known to apply (else
+    :class:`InvalidTransition` saying why)."""
+    dead = list(task.steps.select_for_update().filter(status=StepStatus.DEAD).order_by("position"))
+    why = refusal(action, task, dead[0] if dead else None)
+    if why is not None:
+        raise InvalidTransition(why)
+    return dead
+
+
+def _plan_data(plan: str | None) -> dict[str, Any]:
+    """What an event of a bulk action records of it: the plan's id, which groups its events."""
+    return {} if plan is None else {"plan": plan}
+
+
+def redrive(
+    task: Task,
+    *,
+    actor: Actor,
+    reason: str,
+    payload: dict[str, Any] | None = None,
+    plan: str | None = None,
+) -> Task:
+    """Make a dead task runnable again: fresh attempt budget, same step key, rising token."""
+    check_permission(actor, "redrive_task")
+    reason = validation.require_text(reason, "reason")
+    canonical = validation.validate_payload(payload) if payload is not None else None
+    flow = registry.get(task.workflow, task.workflow_version)
+    if payload is not None and flow is not None:
+        # An edited payload must pass the same rules as one given to enqueue.
+        flow.check_payload(payload)
+    with transaction.atomic():
+        locked = lock_task(task.pk)
+        dead = _dead_steps(locked, Action.REDRIVE)
+        now = db_now()
+        for step in dead:
+            _run_again(step, now)
+        data: dict[str, Any] = _plan_data(plan)
+        if canonical is not None:
+            data.update(old_payload=locked.payload, new_payload=json.loads(canonical))
+            locked.payload = data["new_payload"]
+            locked.save(update_fields=["payload", "updated_at"])
+        settle_and_record(
+            EventKind.REDRIVEN,
+            locked,
+            actor=actor,
+            reason=reason,
+            steps=dead,
+            **data,
+        )
+        _ring_or_open(locked, dead, actor=actor)
+    return locked
+
+
+def resolve(
+    task: Task, *, actor: Actor, reason: str, outcome: str, plan: str | None = None
+) -> Task:
+    """A person settles a dead step: ``done`` (it happened) or ``retry`` (it did not)."""
+    check_permission(actor, "resolve_task")
+    reason = validation.require_text(reason, "reason")
+    if outcome not in ("done", "retry"):
+        raise InvalidInput("outcome", "choice", "outcome: must be 'done' or 'retry'")
+    name, _ = actor_fields(actor)
+    with transaction.atomic():
+        locked = lock_task(task.pk)
+        step = _dead_steps(locked, Action(f"resolve_{outcome}"))[0]
+        now = db_now()
+        started = Effect.objects.filter(step=step, status=Effect.Status.STARTED)
+        changed = [step]
+        if outcome == "done":
+            started.update(
+                status=Effect.Status.DONE,
+                result={"resolved_by": name, "note": reason},
+                finished_at=now,
+            )
+            step.status = StepStatus.SUCCEEDED
+            step.result = {"resolved": "done", "by": name, "note": reason}
+            step.finished_at = now
+            step.save(update_fields=["status", "result", "finished_at"])
+            due, reached = after_success(locked, step, now)
+            changed += due
+        else:
+            # "It did not happen": forget the unfinished effects so the next attempt calls.
+            started.delete()
+            _run_again(step, now)
+            due, reached = [step], None
+        settle_and_record(
+            EventKind.RESOLVED,
+            locked,
+            step_id=step.pk,
+            actor=actor,
+            reason=reason,
+            steps=changed,
+            outcome=outcome,
+            **_plan_data(plan),
+        )
+        _ring_or_open(locked, [*due, *([reached] if reached else [])], actor=actor)
+    return locked
+
+
+def cancel(task: Task, *, actor: Actor, reason: str, plan: str | None = None) -> Task:
+    """Cancel what has not run; ask a running step to stop. Its late result does not
+    revive the task, and completed side effects are not undone."""
+    check_permission(actor, "cancel_task")
+    reason = validation.require_text(reason, "reason")
+    with transaction.atomic():
+        locked = lock_task(task.pk)
+        why = refusal(Action.CANCEL, locked, None)
+        if why is not None:
+            raise InvalidTransition(why)
+        now = db_now()
+        steps = cancel_steps(locked, CANCELLABLE, now)
+        steps_cancelled.send(sender=Task, task=locked, steps=steps, actor=actor, reason=reason)
+        running = locked.steps.filter(status=StepStatus.RUNNING).exists()
+        if running:
+            locked.cancel_requested_at = now
+            locked.save(update_fields=["cancel_requested_at", "updated_at"])
+        settle_and_record(
+            EventKind.CANCEL_REQUESTED if running else EventKind.CANCELLED,
+            locked,
+            actor=actor,
+            reason=reason,
+            steps=steps,
+            **_plan_data(plan),
+        )
+    return locked
+
+
+def _check_queue(name: Any) -> str:
+    return validation.validate_queue(name, field="name")
+
+
+def pause_queue(name: str, *, actor: Actor, reason: str) -> None:
+    """Stop claims in a queue; running steps finish, nothing new starts."""
+    _set_queue(name, paused=True, actor=actor, reason=reason)
+
+
+def resume_queue(name: str, *, actor: Actor, reason: str) -> None:
+    _set_queue(name, paused=False, actor=actor, reason=reason)
+
+
+def _set_queue(name: str, *, paused: bool, actor: Actor, reason: str) -> None:
+    check_permission(actor, "pause_queue")
+    queue = _check_queue(name)
+    reason = validation.require_text(reason, "reason")
+    who, _ = actor_fields(actor)
+    with transaction.atomic():
+        state, _ = QueueState.objects.select_for_update().get_or_create(name=queue)
+        if state.paused == paused:
+            return
+        state.paused = paused
+        state.changed_by = who
+        state.reason = reason
+        state.save()
+        if not paused:
+            now = db_now()
+            due = list(
+                Step.objects.due(now)
+                .filter(queue=queue)
+                .order_by("-priority", "available_at")
+                .values_list("pk", flat=True)[:1000]
+            )
+            Step.objects.filter(pk__in=due).update(dispatched_at=now)
+            ring_on_commit([Doorbell(pk, queue) for pk in due])
+        # Last: the audit chain's lock is the last one a transaction takes, so nothing
+        # holding it waits for a step row (audit_chain).
+        record_event(
+            EventKind.QUEUE_PAUSED if paused else EventKind.QUEUE_RESUMED,
+            task_id=None,
+            actor=actor,
+            reason=reason,
+            queue=queue,
+        )
+
+
+def paused_queues() -> list[str]:
+    return list(QueueState.objects.filter(paused=True).values_list("name", flat=True))
+
+
+@dataclass(frozen=True)
+class BulkReport:
+    action: str
+    changed: list[int]
+    # Tasks the action no longer applied to (changed by someone else meanwhile), and why.
+    skipped: list[tuple[int, str]]
+    # More tasks matched than the limit allowed; they were left alone.
+    limited: bool
+    # The id every event of this bulk action carries (``data.plan``).
+    plan: str = ""
+
+
+BULK_ACTIONS: dict[str, Callable[..., Task]] = {
+    Action.REDRIVE: lambda task, **kw: redrive(task, **kw),
+    Action.RESOLVE_DONE: lambda task, **kw: resolve(task, outcome="done", **kw),
+    Action.RESOLVE_RETRY: lambda task, **kw: resolve(task, outcome="retry", **kw),
+    Action.CANCEL: lambda task, **kw: cancel(task, **kw),
+}
+
+
+def new_plan_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def check_bulk(action: str, *, actor: Actor, reason: str, limit: int) -> str:
+    """The checks of a bulk action made before anything is read or changed: the action,
+    the permission, the reason and the limit. Returns the reason, stripped."""
+    if action not in BULK_ACTIONS:
+        raise InvalidInput("action", "choice", f"action: one of {', '.join(BULK_ACTIONS)}")
+    check_permission(actor, ACTIONS[action].permission)
+    reason = validation.require_text(reason, "reason")
+    if not 1 <= limit <= bulk_limit():
+        raise InvalidInput("limit", "range", f"limit: from 1 to {bulk_limit()} tasks per action")
+    return reason
+
+
+def bulk_limit() -> int:
+    """The most tasks one bulk action may change (``TASKS_BULK_LIMIT``): the cap and the
+    default of every way to ask for one."""
+    return int(settings.TASKS_BULK_LIMIT)
+
+
+def act_on_tasks(
+    tasks: Iterable[Task],
+    *,
+    action: str,
+    actor: Actor,
+    reason: str,
+    limit: int,
+    plan: str | None = None,
+) -> BulkReport:
+    """Apply one operator action (redrive, resolve, cancel) to each of ``tasks`` (at most
+    ``limit``), each in its own transaction with its own Event, as if done one by one: the
+    console's bulk form on dead letters, the admin's actions and the management commands
+    all come here.
+
+    The action, the permission, the reason and the limit are checked before anything
+    changes (given no tasks, that check is all it does); a task the action does not apply
+    to (not dead, already finished, or changed by someone else meanwhile) is skipped and
+    reported, not an error for the rest. Every event carries the plan's id (a new one
+    unless given), so the audit log can show the action as one.
+    """
+    reason = check_bulk(action, actor=actor, reason=reason, limit=limit)
+    run = BULK_ACTIONS[action]
+    plan = plan or new_plan_id()
+    changed: list[int] = []
+    skipped: list[tuple[int, str]] = []
+    limited = False
+    for task in tasks:
+        if len(changed) + len(skipped) == limit:
+            limited = True
+            break
+        try:
+            run(task, actor=actor, reason=reason, plan=plan)
+        except InvalidTransition as exc:
+            skipped.append((task.pk, str(exc)))
+        else:
+            changed.append(task.pk)
+    return BulkReport(action, changed, skipped, limited, plan)

@@ -1,0 +1,92 @@
+"""The task list: its filters by status, workflow, key, payload field and time, its
+pages by keyset, and a filter it cannot use refused rather than widened."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from tests.console_support import body, login
+from tests.factories import backdate_task, dead_task, enqueued, noop
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_task_list_filters_by_status_workflow_key_and_payload_field(superuser: User) -> None:
+    keep = enqueued("demo.noop", {"customer": {"id": 42}}, key="k-1")
+    other = enqueued("demo.noop", {"customer": {"id": 7}}, key="k-2")
+    dead = dead_task()
+    client = login(superuser)
+
+    def ids(query: str) -> set[int]:
+        page = body(client.get("/tasks/?" + query))
+        return {int(pk) for pk in re.findall(r'href="/tasks/(\d+)/"', page)}
+
+    assert ids("status=dead") == {dead.pk}
+    assert ids("workflow=demo.flaky") == {dead.pk}
+    assert ids("key=k-2") == {other.pk}
+    assert ids("payload=customer.id%3D42") == {keep.pk}
+    assert ids("payload=customer.id%3D%2242%22") == set()  # the text "42" is not 42
+    assert ids("payload=error%3Dpermanent") == {dead.pk}
+
+
+def test_the_task_list_filters_by_time_and_explains_a_bad_value(superuser: User) -> None:
+    old = enqueued("demo.noop", {"n": 1})
+    new = enqueued("demo.noop", {"n": 2})
+    backdate_task(old, created_at=timedelta(days=2))
+    client = login(superuser)
+    since = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%d %H:%M")
+    page = body(client.get("/tasks/", {"since": since}))
+    assert f'href="/tasks/{new.pk}/"' in page and f'href="/tasks/{old.pk}/"' not in page
+    bad = body(client.get("/tasks/", {"since": "yesterday-ish"}))
+    assert "Enter a valid date/time" in bad
+
+
+def test_the_task_list_pages_by_keyset_without_repeating_rows(
+    superuser: User, settings: object
+) -> None:
+    settings.CONSOLE_PAGE_SIZE = 2  # type: ignore[attr-defined]
+    tasks = [enqueued("demo.noop", {"n": i}) for i in range(5)]
+    client = login(superuser)
+    seen: list[int] = []
+    url = "/tasks/"
+    while url:
+        page = body(client.get(url))
+        seen += [int(pk) for pk in re.findall(r'<th scope="row"><a href="/tasks/(\d+)/"', page)]
+        older = re.search(r'href="(\?after=\d+)" hx-get', page)
+        url = "/tasks/" + older.group(1) if older else ""
+    assert seen == sorted((task.pk for task in tasks), reverse=True)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        'a="\\u0000"',
+        'a="\\ud800"',
+        "a=NaN",
+        "a=Infinity",
+        "a=-Infinity",
+        "a=1e400",
+        "a=" + "[" * 10_000,
+    ],
+)
+def test_a_task_filter_postgresql_cannot_compare_is_refused_with_400(
+    oncall: User, payload: str
+) -> None:
+    noop()
+    response = login(oncall).get("/tasks/", {"payload": payload})
+    assert response.status_code == 400
+    assert "The filter cannot be used: payload: " in body(response)
+    assert "<table" not in body(response)
+
+
+@pytest.mark.parametrize("query", [{"since": "not-a-date"}, {"status": "lost"}, {"after": "x"}])
+def test_a_bad_task_filter_is_refused_not_widened(oncall: User, query: dict[str, str]) -> None:
+    noop()
+    response = login(oncall).get("/tasks/", query)
+    assert response.status_code == 400
+    assert "<table" not in body(response)

@@ -1,0 +1,86 @@
+"""The demo's mail, read back: where no mail server is set, messages are written to files,
+and the console's Mail page and ``manage.py mailbox`` show them (each reader their own)."""
+
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.mail import EmailMessage
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+
+from console import mailbox
+from tests.approval_support import mailable
+from tests.console_support import login
+
+
+@pytest.fixture
+def files(settings: Any, tmp_path: Path) -> Path:
+    """The demo's mailer: messages written under ``tmp_path``."""
+    settings.MAILERS = {
+        "default": {
+            "BACKEND": mailbox.FILE_BACKEND,
+            "OPTIONS": {"file_path": str(tmp_path)},
+        }
+    }
+    return tmp_path
+
+
+def send(to: str, subject: str, body: str) -> None:
+    EmailMessage(subject, body, "console@example.com", [to]).send()
+
+
+@pytest.mark.django_db
+def test_the_mail_page_shows_the_reader_their_own_mail_and_a_superuser_everyone_s(
+    files: Path, editor: User, other_editor: User, superuser: User
+) -> None:
+    mailable(editor)
+    mailable(other_editor)
+    # Non-ASCII and a non-breaking space: the body is written 8bit and read back as sent.
+    send(
+        editor.email,
+        "Review #1 waits for you",
+        "“Launch day” expires in 1\xa0day\nhttp://x/approvals/1/",
+    )
+    send(other_editor.email, "Review #2 waits for you", "for the other editor")
+
+    mine = login(editor).get(reverse("console:mail"))
+    page = mine.content.decode()
+    assert mine.status_code == 200
+    assert "Review #1 waits for you" in page and "“Launch day” expires in 1\xa0day" in page
+    assert '<a href="http://x/approvals/1/"' in page
+    assert "Review #2" not in page
+    everyone = login(superuser).get(reverse("console:mail")).content.decode()
+    assert "Review #1 waits for you" in everyone and "Review #2 waits for you" in everyone
+    # The nav offers the page only where mail is written to files.
+    assert 'href="/mail/"' in page
+
+
+@pytest.mark.django_db
+def test_where_mail_goes_out_by_smtp_there_is_no_mail_page(settings: Any, editor: User) -> None:
+    settings.MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend"}}
+    client = login(editor)
+    assert client.get(reverse("console:mail")).status_code == 404
+    assert 'href="/mail/"' not in client.get(reverse("console:approvals")).content.decode()
+    with pytest.raises(CommandError, match="sent by SMTP"):
+        call_command("mailbox")
+
+
+@pytest.mark.django_db
+def test_the_mailbox_command_prints_the_newest_mail_first(files: Path) -> None:
+    send("a@example.com", "first", "one")
+    send("b@example.com", "second", "two")
+    out = StringIO()
+
+    call_command("mailbox", "--last", "1", stdout=out)
+    assert "Subject: second" in out.getvalue() and "Subject: first" not in out.getvalue()
+
+    out = StringIO()
+    call_command("mailbox", "--to", "A@example.com", stdout=out)
+    assert "Subject: first\n\none" in out.getvalue() and "second" not in out.getvalue()
+    with pytest.raises(CommandError, match="--last: at least 1"):
+        call_command("mailbox", "--last", "0")
