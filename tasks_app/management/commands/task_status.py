@@ -1,4 +1,6 @@
-"""``manage.py task_status``: one task as JSON, by id or idempotency key."""
+"""``manage.py task_status``: one task as JSON, by id or idempotency key, with what
+producers and people wrote redacted as on the console's pages
+(``tasks_app.operations.redaction``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from django.core.management.base import CommandParser
 from tasks_app import services
 from tasks_app.management.cli import OperatorCommand, bad_input
 from tasks_app.models import Event, Step, StepStatus, Task
+from tasks_app.operations.redaction import redact, redact_text
 
 MAX_EVENTS = 1000
 
@@ -34,9 +37,9 @@ def _step(step: Step) -> dict[str, Any]:
         "attempts": step.attempts,
         "max_attempts": step.max_attempts,
         "fencing_token": step.fencing_token,
-        "result": step.result,
+        "result": redact(step.result),
         "error_class": step.error_class if failing else "",
-        "error": step.last_error if failing else "",
+        "error": redact_text(step.last_error) if failing else "",
     }
 
 
@@ -45,7 +48,7 @@ def _event(event: Event) -> dict[str, Any]:
         "at": event.created_at.isoformat(),
         "kind": event.kind,
         "actor": event.actor,
-        "reason": event.reason,
+        "reason": redact_text(event.reason),
         "step": event.step_id,
     }
 
@@ -59,7 +62,7 @@ def _count(text: str) -> int:
 class Command(OperatorCommand):
     help = (
         "Print a task as JSON, by id or idempotency key: its status, its steps (with the "
-        "error of a failing step) and its last events."
+        "error of a failing step) and its last events, secrets redacted as on the console."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
