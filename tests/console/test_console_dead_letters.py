@@ -46,6 +46,19 @@ def test_a_bulk_action_without_confirm_previews_the_count_and_changes_nothing(
     assert not task_events_of_kind("redriven")
 
 
+def test_the_bulk_form_states_its_filter_once(oncall: User) -> None:
+    dead_task()
+    client = login(oncall)
+    sentence = "Filter: workflow any, queue any, error class tasks_app.exceptions.PermanentError."
+
+    before = body(client.get("/dead/", {"error_class": "tasks_app.exceptions.PermanentError"}))
+    previewed = body(post_bulk(client, error_class="tasks_app.exceptions.PermanentError"))
+
+    assert before.count(sentence) == 1  # under the form, before a preview
+    plan = previewed.split('class="notice warning plan"', 1)[1].split("</div>", 1)[0]
+    assert previewed.count(sentence) == 1 and sentence in plan  # in the plan, once previewed
+
+
 @pytest.mark.parametrize("value", ["0", "no", "off", "n", "null", "true", "yes", "on", " 1"])
 def test_only_confirm_1_applies_a_bulk_action(oncall: User, value: str) -> None:
     task = dead_task()
