@@ -3,7 +3,8 @@
 ``tasks_app.engine.fastpath`` restates in SQL the rules of ``services.claim_step`` and
 ``services.complete_step``. Each scenario below is played twice, on two tasks enqueued
 alike, once through each path (``tests.parity_support``); afterwards the rows and events of
-the two tasks must be the same once ids and times are normalised (:func:`snapshot`).
+the two tasks must be the same once ids and times are normalised
+(``tests.parity_support.snapshot``).
 
 What each side exercises:
 
@@ -34,8 +35,6 @@ The last scenarios fail on differences the paths show today; each is marked
 
 from __future__ import annotations
 
-import difflib
-import pprint
 import random
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -44,17 +43,23 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection
-from django.db.models.functions import Now
 
-from approvals.models import ApprovalRequest
 from tasks_app import services
 from tasks_app.demo.workflows import flaky, validate_flaky
-from tasks_app.models import Effect, Event, Lease, Step, StepStatus, Task, TaskStatus
+from tasks_app.models import Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.workflows import StepSpec, Workflow, register, registry
 from tests.approval_support import ARTICLE
 from tests.conftest import PAIR, backdate
 from tests.lease_support import step_at
-from tests.parity_support import BATCHED, ONE_BY_ONE, Path, succeed
+from tests.parity_support import (
+    BATCHED,
+    ONE_BY_ONE,
+    Path,
+    PathsDiffer,
+    assert_same,
+    snapshot,
+    succeed,
+)
 
 WORKER = "w1"
 SLOW, FAST = "w-slow", "w-fast"
@@ -64,155 +69,7 @@ PRODUCER = "cli:producer"
 ONCALL = "cli:oncall"
 
 
-# --- what a task leaves behind, with ids and times normalised ------------------------------
-
-
-def _set(value: object) -> bool:
-    return value is not None
-
-
-def snapshot(task: Task) -> dict[str, Any]:
-    """The task's rows and events, comparable with another task's."""
-    task.refresh_from_db()
-    steps = list(task.steps.order_by("position", "revision"))
-    # By the database's clock (rule 3).
-    due = set(task.steps.filter(available_at__lte=Now()).values_list("pk", flat=True))
-    # A JSON ``null`` and SQL ``NULL`` both read as None; queries tell them apart.
-    null_results = set(task.steps.filter(result__isnull=True).values_list("pk", flat=True))
-    place = {step.pk: f"{step.position}.{step.revision}" for step in steps}
-    requests = list(ApprovalRequest.objects.filter(task=task).order_by("pk"))
-    request_place = {request.pk: f"request of {place[request.step_id]}" for request in requests}
-
-    def step_key(key: str) -> str:
-        # "<task key or task-<id>>:<position>:<kind>[:r<n>]": the task's part differs.
-        assert key.startswith(task.key + ":"), key
-        return "<task>" + key.removeprefix(task.key)
-
-    def data(value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        normal: dict[str, Any] = {}
-        for name, item in value.items():
-            if name == "steps":
-                normal[name] = {place[int(pk)]: state for pk, state in item.items()}
-            elif name == "request":
-                normal[name] = request_place[item]
-            elif name == "retry_in":
-                # Full jitter: a random delay, compared as present or not.
-                normal[name] = "<jittered delay>" if item is not None else None
-            elif name.endswith("_at"):
-                normal[name] = "<time>" if item is not None else None
-            else:
-                normal[name] = data(item)
-        return normal
-
-    return {
-        "task": {
-            "workflow": task.workflow,
-            "status": task.status,
-            "payload_hash": task.payload_hash,
-            "created_by": task.created_by,
-            "finished_at": _set(task.finished_at),
-            "cancel_requested_at": _set(task.cancel_requested_at),
-        },
-        "steps": [
-            {
-                "step": place[step.pk],
-                "kind": step.kind,
-                "status": step.status,
-                "attempts": step.attempts,
-                "max_attempts": step.max_attempts,
-                "fencing_token": step.fencing_token,
-                "result": step.result,
-                "result_is_sql_null": step.pk in null_results,
-                "error_class": step.error_class,
-                "last_error": step.last_error,
-                "idempotency_key": step_key(step.idempotency_key),
-                "change_request": step.change_request,
-                "queue": step.queue,
-                "available_at": None
-                if step.available_at is None
-                else ("due" if step.pk in due else "later"),
-                "dispatched_at": _set(step.dispatched_at),
-                "lease_expires_at": _set(step.lease_expires_at),
-                "started_at": _set(step.started_at),
-                "finished_at": _set(step.finished_at),
-            }
-            for step in steps
-        ],
-        "leases": [
-            {
-                "step": place[lease.step_id],
-                "token": lease.token,
-                "worker_id": lease.worker_id,
-                "outcome": lease.outcome,
-                "released_at": _set(lease.released_at),
-                "length": (lease.expires_at - lease.acquired_at).total_seconds(),
-            }
-            for lease in Lease.objects.filter(step__task=task).order_by("step_id", "token")
-        ],
-        "events": [
-            {
-                "kind": event.kind,
-                "step": place[event.step_id] if event.step_id is not None else None,
-                "actor": event.actor,
-                "actor_user_id": event.actor_user_id,
-                "reason": event.reason,
-                "data": data(event.data),
-            }
-            for event in Event.objects.for_task(task.pk)
-        ],
-        "approval_requests": [
-            {
-                "request": request_place[request.pk],
-                "status": request.status,
-                "revision": request.revision,
-                "action": request.action,
-                "summary": request.summary,
-                "draft": request.draft,
-                "draft_hash": request.draft_hash,
-                "draft_step": request.draft_step,
-                "approver_group": request.approver_group,
-                "on_expiry": request.on_expiry,
-                "requested_by": request.requested_by,
-                "decided_by": request.decided_by,
-                "expires_at": _set(request.expires_at),
-                "decided_at": _set(request.decided_at),
-            }
-            for request in requests
-        ],
-        "effects": [
-            {
-                "step": place[effect.step_id],
-                "key": step_key(effect.key),
-                "token": effect.token,
-                "status": effect.status,
-                "result": effect.result,
-            }
-            for effect in Effect.objects.filter(step__task=task).order_by("pk")
-        ],
-    }
-
-
 Scenario = Callable[[Path], Task]
-
-
-class PathsDiffer(AssertionError):
-    """The two paths left different rows or events (a known one is marked xfail with it)."""
-
-
-def assert_same(one: dict[str, Any], batched: dict[str, Any]) -> None:
-    if batched == one:
-        return
-    lines = difflib.unified_diff(
-        pprint.pformat(one, width=100).splitlines(),
-        pprint.pformat(batched, width=100).splitlines(),
-        fromfile=ONE_BY_ONE.name,
-        tofile=BATCHED.name,
-        lineterm="",
-    )
-    raise PathsDiffer("the paths differ:\n" + "\n".join(lines))
-
 
 PARITY_SEED = 12
 

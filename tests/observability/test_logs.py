@@ -1,6 +1,7 @@
 """The pieces of ``LOGGING`` that keep the log to a line per thing worth hearing of
-(``tasks_app/observability/logs.py``); what real worker and beat processes write with them is
-checked in ``tests/engine/test_e2e_worker_log.py`` and ``tests/observability/test_oplog.py``."""
+(``tasks_app/observability/logs.py``); what real worker and beat processes write with them
+is checked in ``tests/engine/test_e2e_worker_log.py`` and
+``tests/observability/test_e2e_beat_log.py``."""
 
 from __future__ import annotations
 

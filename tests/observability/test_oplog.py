@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
-import redis
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.db.models import F
@@ -34,8 +30,7 @@ from tasks_app.observability.logs import JsonFormatter
 from tasks_app.services import Claim
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.approval_support import ARTICLE, advance, pending_request
-from tests.conftest import BROKER_PREFIX, BrokerView, backdate, only_step
-from tests.e2e_support import beat_process, database_url, wait_for
+from tests.conftest import backdate, only_step
 from tests.settings_support import load_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -562,63 +557,3 @@ def test_an_idle_sweep_logs_nothing_at_info(caplog: pytest.LogCaptureFixture) ->
     assert not any(tasks.sweep().values())
 
     assert [record.getMessage() for record in caplog.records] == []
-
-
-def test_logging_drops_beats_line_per_message_unless_messages_are_logged() -> None:
-    code = (
-        # Celery sets the root logger's level from --loglevel.
-        "import logging; logging.getLogger().setLevel(logging.INFO); "
-        "log = logging.getLogger('celery.beat'); "
-        "log.info('beat: Starting...'); "
-        "log.info('Scheduler: Sending due task %s (%s)', 'sweep', 'tasks_app.tasks.sweep')"
-    )
-    quiet = load_settings(code, TASKS_LOG_MESSAGES="0")
-    assert "beat: Starting..." in quiet.stderr
-    assert "Sending due task" not in quiet.stderr
-    chatty = load_settings(code, TASKS_LOG_MESSAGES="1")
-    assert "Scheduler: Sending due task sweep (tasks_app.tasks.sweep)" in chatty.stderr
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("messages", ["0", "1"], ids=["default", "TASKS_LOG_MESSAGES"])
-def test_beat_sends_sweeps_without_a_line_per_send(
-    messages: str, tmp_path: Path, broker: BrokerView
-) -> None:
-    """A real ``celery beat`` scheduling the sweep every second: it says it started, (unless
-    messages are logged) nothing per sweep it sends, and, stopped, that it stopped."""
-    if not settings.REDIS_URL:
-        raise AssertionError("beat's test needs Redis: run `make test`")
-    queue = f"{BROKER_PREFIX}{settings.TASKS_MAINTENANCE_QUEUE}"
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(connection.settings_dict),
-        "REDIS_URL": settings.REDIS_URL,
-        "TASKS_BROKER_PREFIX": BROKER_PREFIX,
-        "TASKS_SWEEP_SECONDS": "1",
-        "TASKS_VAR_DIR": str(tmp_path / "var"),
-        "TASKS_LOG_MESSAGES": messages,
-    }
-    beat = beat_process(env, tmp_path)
-    try:
-        beat.wait_ready(timeout=60)
-        wait_for(
-            lambda: cast(int, client.llen(queue)) >= 2,
-            timeout=30,
-            what=lambda: "beat to send two sweeps\n" + beat.tail(),
-        )
-    finally:
-        beat.stop()
-    logged = beat.output()
-    assert "beat: Starting..." in logged
-    sent = cast(int, client.llen(queue))
-    stopped = re.findall(
-        r"INFO tasks_app\.integrations\.beat: beat: stopped; messages sent since it started: (.*)",
-        logged,
-    )
-    assert stopped == [f"sweep {sent}"], logged
-    if messages == "0":
-        assert "Sending due task" not in logged, logged
-    else:
-        assert "Scheduler: Sending due task sweep" in logged, logged
