@@ -4,7 +4,6 @@ nothing is stored; the actor is cli:<the OS user> unless --actor says otherwise.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import subprocess
@@ -14,73 +13,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
 from tasks_app import services
-from tasks_app.engine import runner
 from tasks_app.models import (
     Counter,
     Event,
     EventKind,
-    QueueState,
-    Step,
     StepStatus,
     Task,
     TaskStatus,
 )
-from tasks_app.operations import selectors
-from tests.conftest import backdate, only_step
+from tests.command_support import OS_USER, last_event, lines, refused, run, status_of, stored
+from tests.conftest import only_step
 from tests.e2e_support import PYTHON, ROOT, database_url
 from tests.factories import dead_task, noop, succeeded, unknown_outcome
 
-OS_USER = f"cli:{getpass.getuser()}"
 UNKNOWN = "tasks_app.exceptions.OutcomeUnknown"
 PERMANENT = "tasks_app.exceptions.PermanentError"
-
-
-def run(*args: Any, **options: Any) -> str:
-    out = StringIO()
-    call_command(*args, stdout=out, stderr=StringIO(), **options)
-    return out.getvalue()
-
-
-def refused(*args: Any, **options: Any) -> str:
-    """Run a command that must refuse its input: exit status 2, one line, nothing stored."""
-    before = stored()
-    with pytest.raises(CommandError) as excinfo:
-        call_command(*args, stdout=StringIO(), stderr=StringIO(), **options)
-    assert excinfo.value.returncode == 2
-    message = str(excinfo.value)
-    assert message and "\n" not in message
-    assert stored() == before
-    return message
-
-
-def stored() -> tuple[Any, ...]:
-    """Everything a command could change."""
-    return (
-        list(Task.objects.order_by("pk").values_list("pk", "status", "payload")),
-        list(Step.objects.order_by("pk").values_list("pk", "status", "attempts")),
-        list(Event.objects.order_by("pk").values_list("pk", flat=True)),
-        list(QueueState.objects.values_list("name", "paused")),
-    )
-
-
-def status_of(task: Task) -> str:
-    task.refresh_from_db()
-    return task.status
-
-
-def last_event(task: Task) -> Event:
-    event = Event.objects.for_task(task.pk).last()
-    assert event is not None
-    return event
-
-
-def lines(text: str) -> list[str]:
-    return text.strip().splitlines()
 
 
 # --- enqueue --------------------------------------------------------------------------------------
@@ -448,127 +400,6 @@ def test_pausing_a_paused_queue_changes_nothing(db: None) -> None:
 )
 def test_the_queue_commands_refuse_bad_input(db: None, args: list[str], field: str) -> None:
     assert field in refused(*args)
-
-
-# --- queue_stats ----------------------------------------------------------------------------------
-
-
-def test_queue_stats_prints_the_overview_and_an_aligned_queue_table(db: None) -> None:
-    noop(), noop(), dead_task()
-    run("pause_queue", "default", "--reason", "incident 42")
-
-    out = lines(run("queue_stats"))
-
-    figures = {line.strip().split("  ")[0]: line.split()[-1] for line in out[1:14]}
-    assert (figures["pending"], figures["dead"], figures["paused queues"]) == ("2", "1", "default")
-    header, row = out[-2:]
-    assert header.split() == [
-        "queue", "due", "scheduled", "running", "oldest", "due", "state", "by", "reason",
-    ]  # fmt: skip
-    assert row.split()[:4] == ["default", "2", "0", "0"]
-    assert row.endswith(f"paused  {OS_USER}  incident 42")
-    # Aligned: every column starts where its header does.
-    assert row.index("paused") == header.index("state")
-
-
-def test_queue_stats_as_json_carries_the_selectors_figures(db: None) -> None:
-    noop(), dead_task()
-
-    printed = json.loads(run("queue_stats", "--json"))
-
-    overview = selectors.overview()
-    assert printed["overview"]["pending"] == overview.pending == 1
-    assert printed["overview"]["dead"] == overview.dead == 1
-    assert len(printed["overview"]["throughput"]) == 60
-    [queue] = printed["queues"]
-    assert (queue["name"], queue["due"], queue["paused"]) == ("default", 1, False)
-
-
-# --- task_status ----------------------------------------------------------------------------------
-
-
-def status_json(*args: str) -> dict[str, Any]:
-    printed: dict[str, Any] = json.loads(run("task_status", *args))
-    return printed
-
-
-def test_task_status_shows_the_error_of_a_dead_step(db: None) -> None:
-    task = dead_task(key="cmd:dead")
-
-    printed = status_json("--key", "cmd:dead")
-
-    [step] = printed["steps"]
-    assert (printed["id"], printed["status"], step["status"]) == (task.pk, "dead", "dead")
-    assert step["error_class"] == "tasks_app.exceptions.PermanentError"
-    assert "failing on claim 1" in step["error"]
-    assert [(e["kind"], e["actor"], e["reason"]) for e in printed["events"]][-1] == (
-        "dead_lettered",
-        f"worker:{only_step(task).leases.get().worker_id}",
-        "permanent_error",
-    )
-
-
-def claim_and_run(task: Task) -> None:
-    """One claim of the task's step, its time come (a retry's backoff included)."""
-    step = only_step(task)
-    backdate(step)
-    assert runner.run_claimed(step.pk)
-
-
-def test_task_status_shows_the_error_of_a_step_waiting_for_a_retry(db: None) -> None:
-    task = services.enqueue("demo.flaky", {"fail_first": 1}).task
-    claim_and_run(task)
-
-    [step] = status_json("--id", str(task.pk))["steps"]
-
-    assert (step["status"], step["attempts"]) == ("pending", 1)
-    assert step["error_class"] == "tasks_app.exceptions.RetryableError"
-    assert "failing on claim 1" in step["error"]
-
-
-def test_task_status_shows_no_stale_error_once_the_step_succeeded(db: None) -> None:
-    task = services.enqueue("demo.flaky", {"fail_first": 1}).task
-    claim_and_run(task)
-    claim_and_run(task)
-    assert only_step(task).error_class  # still on the row, as history
-
-    [step] = status_json("--id", str(task.pk))["steps"]
-
-    assert (step["status"], step["error_class"], step["error"]) == ("succeeded", "", "")
-
-
-def test_task_status_shows_the_last_ten_events_oldest_first(db: None) -> None:
-    task = services.enqueue("demo.flaky", {"fail_first": 9}).task
-    for _ in range(2):
-        for _ in range(3):
-            claim_and_run(task)
-        assert status_of(task) == TaskStatus.DEAD
-        services.redrive(task, actor="cli:ann", reason="once more")
-    kinds = list(Event.objects.for_task(task.pk).values_list("kind", flat=True))
-    assert len(kinds) == 15
-
-    printed = status_json("--id", str(task.pk))
-
-    assert [event["kind"] for event in printed["events"]] == kinds[-10:]
-    redriven = next(e for e in printed["events"] if e["kind"] == "redriven")
-    assert (redriven["actor"], redriven["reason"]) == ("cli:ann", "once more")
-    assert [e["kind"] for e in status_json("--id", str(task.pk), "--events", "2")["events"]] == (
-        kinds[-2:]
-    )
-
-
-@pytest.mark.parametrize(
-    ("args", "field"),
-    [
-        (["--id", "99999"], "id: no task with id 99999"),
-        (["--key", "nobody:has-this"], "key: no task has the idempotency key"),
-        (["--id", "x"], "--id"),
-        ([], "--id"),
-        (["--id", "1", "--events", "many"], "events:"),
-    ],
-)
-def test_task_status_refuses_bad_input(db: None, args: list[str], field: str) -> None:
-    assert field in refused("task_status", *args)
 
 
 # --- from a shell ---------------------------------------------------------------------------------

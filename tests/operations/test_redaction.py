@@ -3,18 +3,14 @@ text and event data are redacted, and the setting that names the patterns."""
 
 from __future__ import annotations
 
-import json
-from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
 
 from approvals import services as approvals
 from tasks_app import services
-from tasks_app.engine import runner
-from tasks_app.models import Event, Step, Task, TaskStatus
+from tasks_app.models import Event
 from tasks_app.operations.redaction import (
     REDACTED,
     SYSTEM_EVENT_KEYS,
@@ -174,37 +170,3 @@ def test_every_key_the_system_writes_in_event_data_is_named_as_its_own(
     written = {key for data in Event.objects.values_list("data", flat=True) for key in data}
     assert {"token", "old_payload", "error", "retry_in", "current_token", "back_to"} <= written
     assert written - SYSTEM_EVENT_KEYS <= PRODUCER_EVENT_KEYS
-
-
-def dead_task_again(task: Task) -> bool:
-    """Run the redriven task's step; whether it died again."""
-    runner.run_task_steps(task)
-    task.refresh_from_db()
-    return task.status == TaskStatus.DEAD
-
-
-@pytest.mark.django_db
-def test_task_status_prints_what_producers_and_people_wrote_redacted(oncall: User) -> None:
-    task = dead_task({"error": "permanent", "fail_first": 2}, key="redaction:status")
-    services.redrive(task, actor=oncall, reason="rotated the key, was token=abc")
-    assert dead_task_again(task)
-    # What a handler's result and a remote's error may carry.
-    Step.objects.filter(task=task).update(
-        result={"remote_id": "r-1", **SECRETS},
-        last_error="PermanentError: refused with api_token=abc and password: 'hunter2'",
-    )
-
-    out = StringIO()
-    call_command("task_status", "--key", "redaction:status", "--events", "20", stdout=out)
-
-    printed = json.loads(out.getvalue())
-    [step] = printed["steps"]
-    assert step["result"] == {"remote_id": "r-1", **redact(SECRETS)}
-    assert (
-        step["error"]
-        == f"PermanentError: refused with api_token={REDACTED} and password: {REDACTED}"
-    )
-    [redrive] = [event for event in printed["events"] if event["kind"] == "redriven"]
-    assert redrive["reason"] == f"rotated the key, was token={REDACTED}"
-    assert "hunter2" not in out.getvalue()
-    assert '"abc"' not in out.getvalue() and "=abc" not in out.getvalue()

@@ -1,0 +1,58 @@
+"""Running the operator commands in the test's process: what one prints, what one refuses
+(exit status 2, one line, nothing stored), and what a command could change."""
+
+from __future__ import annotations
+
+import getpass
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from tasks_app.models import Event, QueueState, Step, Task
+
+OS_USER = f"cli:{getpass.getuser()}"
+
+
+def run(*args: Any, **options: Any) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO(), **options)
+    return out.getvalue()
+
+
+def refused(*args: Any, **options: Any) -> str:
+    """Run a command that must refuse its input: exit status 2, one line, nothing stored."""
+    before = stored()
+    with pytest.raises(CommandError) as excinfo:
+        call_command(*args, stdout=StringIO(), stderr=StringIO(), **options)
+    assert excinfo.value.returncode == 2
+    message = str(excinfo.value)
+    assert message and "\n" not in message
+    assert stored() == before
+    return message
+
+
+def stored() -> tuple[Any, ...]:
+    """Everything a command could change."""
+    return (
+        list(Task.objects.order_by("pk").values_list("pk", "status", "payload")),
+        list(Step.objects.order_by("pk").values_list("pk", "status", "attempts")),
+        list(Event.objects.order_by("pk").values_list("pk", flat=True)),
+        list(QueueState.objects.values_list("name", "paused")),
+    )
+
+
+def status_of(task: Task) -> str:
+    task.refresh_from_db()
+    return task.status
+
+
+def last_event(task: Task) -> Event:
+    event = Event.objects.for_task(task.pk).last()
+    assert event is not None
+    return event
+
+
+def lines(text: str) -> list[str]:
+    return text.strip().splitlines()
