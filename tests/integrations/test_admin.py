@@ -8,21 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import CommandError, call_command
 from django.http import HttpRequest
 from django.test import Client
 from django.urls import reverse
 
-from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.integrations.admin import TaskAdmin
-from tasks_app.management.commands import seed_demo
-from tasks_app.management.commands.demo_users import DEMO_USERS, demo_address
 from tasks_app.models import Counter, Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.approval_support import ARTICLE, advance, article, pending_request
-from tests.conftest import ensure_groups, only_step
+from tests.conftest import only_step
 from tests.factories import dead_task
 
 if TYPE_CHECKING:
@@ -90,48 +86,6 @@ def test_the_oncall_group_may_view_tasks_in_the_admin(oncall: User) -> None:
     client.force_login(oncall)
     assert client.get(reverse("admin:tasks_app_task_changelist")).status_code == 200
     assert client.get(reverse("admin:tasks_app_task_change", args=[task.pk])).status_code == 200
-
-
-@pytest.mark.django_db
-def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    ensure_groups()  # a transactional test before this one may have flushed them
-    call_command("seed_demo")
-    first = capsys.readouterr().out
-    call_command("seed_demo")
-    second = capsys.readouterr().out
-    assert first.count("password:") == len(DEMO_USERS)
-    assert "password:" not in second
-    assert User.objects.get(username="oncall").groups.filter(name="oncall").exists()
-    assert User.objects.get(username="auditor").groups.filter(name="auditors").exists()
-    assert User.objects.get(username="admin").is_superuser
-    # Two editors for a press release's quorum, a senior one for its escalation, each with
-    # an address for the demo's mail.
-    senior = User.objects.get(username="senior")
-    assert senior.groups.filter(name="senior_editors").exists()
-    assert User.objects.get(username="editor2").groups.filter(name="editors").exists()
-    assert senior.email == demo_address("senior")
-    seeded = len(seed_demo.DEMO_TASKS) + len(seed_demo.DEAD_LETTERS) + len(seed_demo.HISTORY)
-    assert Task.objects.filter(idempotency_key__startswith="demo:").count() == seeded
-    # An article waits for the demo editor, who is allowed to decide on it.
-    editor = User.objects.get(username="editor")
-    assert editor.groups.filter(name="editors").exists()
-    waiting = Task.objects.get(idempotency_key="demo:publish:article-001:v1")
-    assert waiting.status == TaskStatus.WAITING_APPROVAL
-    request = ApprovalRequest.objects.get(task=waiting, status=ApprovalStatus.PENDING)
-    approvals.approve(request, actor=editor, draft_hash=request.draft_hash)
-    assert waiting.steps.get(kind="publish").status == StepStatus.PENDING
-    client = Client()
-    password = first.split("admin")[1].split("password:")[1].split()[0]
-    assert client.login(request=HttpRequest(), username="admin", password=password)
-
-
-@pytest.mark.django_db
-def test_the_enqueue_command_refuses_a_bad_run_after_naming_it() -> None:
-    with pytest.raises(CommandError, match="run_after"):
-        call_command("enqueue", "demo.noop", "--run-after", "next tuesday")
-    assert not Task.objects.exists()
 
 
 # --- enqueue through the add form --------------------------------------------------------------

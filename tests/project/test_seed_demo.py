@@ -16,12 +16,20 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db.models.functions import TruncMinute
+from django.http import HttpRequest
+from django.test import Client
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
 from tasks_app.engine import runner
-from tasks_app.management.commands.demo_users import DEMO_USERS, read_passwords, wait_for
+from tasks_app.management.commands import seed_demo
+from tasks_app.management.commands.demo_users import (
+    DEMO_USERS,
+    demo_address,
+    read_passwords,
+    wait_for,
+)
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.conftest import ensure_groups
 
@@ -246,3 +254,37 @@ def test_waiting_gives_up_at_its_deadline() -> None:
         port = probe.getsockname()[1]
     # Nothing listens on the port now: the first refusal is past a deadline of zero.
     assert not wait_for(f"http://127.0.0.1:{port}/", timeout=0)
+
+
+def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ensure_groups()  # a transactional test before this one may have flushed them
+    call_command("seed_demo")
+    first = capsys.readouterr().out
+    call_command("seed_demo")
+    second = capsys.readouterr().out
+    assert first.count("password:") == len(DEMO_USERS)
+    assert "password:" not in second
+    assert User.objects.get(username="oncall").groups.filter(name="oncall").exists()
+    assert User.objects.get(username="auditor").groups.filter(name="auditors").exists()
+    assert User.objects.get(username="admin").is_superuser
+    # Two editors for a press release's quorum, a senior one for its escalation, each with
+    # an address for the demo's mail.
+    senior = User.objects.get(username="senior")
+    assert senior.groups.filter(name="senior_editors").exists()
+    assert User.objects.get(username="editor2").groups.filter(name="editors").exists()
+    assert senior.email == demo_address("senior")
+    seeded = len(seed_demo.DEMO_TASKS) + len(seed_demo.DEAD_LETTERS) + len(seed_demo.HISTORY)
+    assert Task.objects.filter(idempotency_key__startswith="demo:").count() == seeded
+    # An article waits for the demo editor, who is allowed to decide on it.
+    editor = User.objects.get(username="editor")
+    assert editor.groups.filter(name="editors").exists()
+    waiting = Task.objects.get(idempotency_key="demo:publish:article-001:v1")
+    assert waiting.status == TaskStatus.WAITING_APPROVAL
+    request = ApprovalRequest.objects.get(task=waiting, status=ApprovalStatus.PENDING)
+    approvals.approve(request, actor=editor, draft_hash=request.draft_hash)
+    assert waiting.steps.get(kind="publish").status == StepStatus.PENDING
+    client = Client()
+    password = first.split("admin")[1].split("password:")[1].split()[0]
+    assert client.login(request=HttpRequest(), username="admin", password=password)
