@@ -16,6 +16,7 @@ from django import forms
 from django.conf import settings
 
 from tasks_app import services, validation
+from tasks_app.engine import fingerprints
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import EventKind, TaskStatus
 from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
@@ -116,10 +117,10 @@ def _cause_field() -> forms.RegexField:
     """A dead letter's cause, as ``/dead/groups/`` links to it."""
     return forms.RegexField(
         required=False,
-        regex=r"^[0-9a-f]{16}$",
+        regex=fingerprints.CAUSE_PATTERN,
         label="Cause",
         widget=forms.HiddenInput,
-        error_messages={"invalid": "fingerprint: the 16 hexadecimal digits of a cause"},
+        error_messages={"invalid": f"fingerprint: {fingerprints.CAUSE_RULE}"},
     )
 
 

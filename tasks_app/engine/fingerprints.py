@@ -31,6 +31,10 @@ _SPACES = re.compile(r"\s+")
 # Longest message kept in the mask (the cause is in its start).
 MAX_MESSAGE = 500
 
+# What a cause looks like, for the filters that take one (the console's, the commands').
+CAUSE_PATTERN = r"^[0-9a-f]{16}$"
+CAUSE_RULE = "the 16 hexadecimal digits of a cause, as /dead/groups/ links to it"
+
 
 def masked_message(error_class: str, last_error: str) -> str:
     """The error's message with what varies masked: its summary line without the class it

@@ -24,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 
 from tasks_app import services, validation
+from tasks_app.engine import fingerprints
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.models import Event, Step, Task, TaskStatus
 from tasks_app.operations import listings
@@ -226,6 +227,12 @@ class TaskActionCommand(OperatorCommand):
         filters.add_argument("--queue", help="one of TASKS_QUEUES")
         filters.add_argument("--error-class", help="the error class of a dead step")
         filters.add_argument(
+            "--cause",
+            metavar="FINGERPRINT",
+            help="the cause of a dead step (its fingerprint, as task_status and /dead/groups/ "
+            "show it)",
+        )
+        filters.add_argument(
             "--older-than", metavar="DURATION", help="created before now minus this: 30m, 2h, 7d"
         )
         self.add_status_filters(filters)
@@ -281,6 +288,10 @@ class TaskActionCommand(OperatorCommand):
             if not 1 <= len(error_class) <= MAX_ERROR_CLASS_LENGTH:
                 raise bad_input(f"error_class: 1 to {MAX_ERROR_CLASS_LENGTH} characters")
             given["error_class"] = error_class
+        if options["cause"] is not None:
+            if not re.fullmatch(fingerprints.CAUSE_PATTERN, options["cause"]):
+                raise bad_input(f"cause: {fingerprints.CAUSE_RULE}")
+            given["fingerprint"] = options["cause"]
         if options["older_than"] is not None:
             age = parse_duration(options["older_than"], "older_than")
             given["created_before"] = services.db_now() - age

@@ -160,12 +160,13 @@ def operator_targets(
     workflow: str = "",
     queue: str = "",
     error_class: str = "",
+    fingerprint: str = "",
     created_before: datetime | None = None,
 ) -> QuerySet[Task]:
     """Tasks an operator command acts on, oldest first: those in ``statuses`` (and not
     already being cancelled), narrowed to ``ids`` when given, by the dead letters' filters
-    (``error_class`` is that of a dead step, as in :func:`dead_tasks`), and to those
-    created before ``created_before``."""
+    (``error_class`` and ``fingerprint`` are those of a dead step, as in
+    :func:`dead_tasks`), and to those created before ``created_before``."""
     queryset = _matching(
         Task.objects.filter(status__in=list(statuses), cancel_requested_at=None),
         workflow=workflow,
@@ -173,10 +174,9 @@ def operator_targets(
     )
     if ids:
         queryset = queryset.filter(pk__in=list(ids))
-    if error_class:
-        queryset = queryset.filter(
-            pk__in=dead_tasks(DeadFilter(error_class=error_class)).values("pk")
-        )
+    if error_class or fingerprint:
+        dead = DeadFilter(error_class=error_class, fingerprint=fingerprint)
+        queryset = queryset.filter(pk__in=dead_tasks(dead).values("pk"))
     if created_before is not None:
         queryset = queryset.filter(created_at__lt=created_before)
     return queryset.order_by("id")

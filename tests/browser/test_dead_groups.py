@@ -14,7 +14,7 @@ from playwright.sync_api import Page, expect
 from tasks_app import services
 from tasks_app.models import Event, Task, TaskStatus
 from tests.browser.support import SCREENSHOTS, log_in, status_badge
-from tests.operations.test_dead_groups import causes, dead, dead_step
+from tests.cause_support import causes, dead, dead_step
 
 __all__ = ["causes"]  # the fixture, used by name
 

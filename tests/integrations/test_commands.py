@@ -26,10 +26,13 @@ from tasks_app.models import (
     Task,
     TaskStatus,
 )
+from tests.cause_support import causes, dead, dead_step
 from tests.command_support import OS_USER, last_event, lines, refused, run, status_of, stored
 from tests.conftest import only_step
 from tests.e2e_support import PYTHON, ROOT, database_url
 from tests.factories import dead_task, noop, succeeded, unknown_outcome
+
+__all__ = ["causes"]  # the fixture, used by name
 
 UNKNOWN = "tasks_app.exceptions.OutcomeUnknown"
 PERMANENT = "tasks_app.exceptions.PermanentError"
@@ -200,6 +203,25 @@ def test_redrive_by_filter_acts_on_the_matching_dead_tasks_only(db: None) -> Non
     assert (status_of(done), status_of(pending)) == (TaskStatus.SUCCEEDED, TaskStatus.PENDING)
 
 
+def test_redrive_by_cause_acts_on_the_dead_tasks_of_that_cause_only(db: None, causes: None) -> None:
+    first = dead("test.causes.a", "HTTP 503 from /articles/1")
+    second = dead("test.causes.b", "HTTP 503 from /articles/2")
+    other = dead("test.causes.a", "connection refused by 10.0.0.7")
+    cause = dead_step(first).error_fingerprint
+    assert dead_step(second).error_fingerprint == cause != dead_step(other).error_fingerprint
+
+    dry = run("redrive", "--cause", cause, "--dry-run", "--reason", "the remote is back")
+    out = run("redrive", "--cause", cause, "--reason", "the remote is back")
+
+    assert lines(dry) == [
+        "redrive (dry run, nothing changed): 2 task(s) match",
+        f"first ids: {first.pk}, {second.pk}",
+    ]
+    assert lines(out) == ["redrive: 2 changed, 0 skipped", f"changed: {first.pk}, {second.pk}"]
+    assert status_of(first) == status_of(second) == TaskStatus.PENDING
+    assert status_of(other) == TaskStatus.DEAD
+
+
 def test_resolve_by_workflow_and_queue(db: None) -> None:
     first, second, done = unknown_outcome(), unknown_outcome(), succeeded()
 
@@ -337,6 +359,8 @@ def test_an_action_refuses_ids_and_filters_together(db: None) -> None:
         (["redrive", "--workflow", "", "--reason", "x"], "workflow: must be one of"),
         (["redrive", "--queue", "elsewhere", "--reason", "x"], "queue: must be one of"),
         (["redrive", "--error-class", " ", "--reason", "x"], "error_class: 1 to 200"),
+        (["redrive", "--cause", "503", "--reason", "x"], "cause: the 16 hexadecimal digits"),
+        (["cancel", "--cause", "0123456789ABCDEF", "--reason", "x"], "cause: the 16"),
         (["redrive", "99999", "--reason", "x"], "ids: no task with id 99999"),
         (["redrive", "abc", "--reason", "x"], "not a task id"),
         (["redrive", "-1", "--reason", "x"], "TASK_ID"),

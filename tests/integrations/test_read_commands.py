@@ -5,6 +5,7 @@ secrets redacted)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -72,6 +73,9 @@ def test_task_status_shows_the_error_of_a_dead_step(db: None) -> None:
     assert (printed["id"], printed["status"], step["status"]) == (task.pk, "dead", "dead")
     assert step["error_class"] == "tasks_app.exceptions.PermanentError"
     assert "failing on claim 1" in step["error"]
+    # Its cause, as the actions' --cause and /dead/groups/ take it.
+    assert step["cause"] == only_step(task).error_fingerprint
+    assert re.fullmatch("[0-9a-f]{16}", step["cause"])
     assert [(e["kind"], e["actor"], e["reason"]) for e in printed["events"]][-1] == (
         "dead_lettered",
         f"worker:{only_step(task).leases.get().worker_id}",
@@ -95,6 +99,7 @@ def test_task_status_shows_the_error_of_a_step_waiting_for_a_retry(db: None) -> 
     assert (step["status"], step["attempts"]) == ("pending", 1)
     assert step["error_class"] == "tasks_app.exceptions.RetryableError"
     assert "failing on claim 1" in step["error"]
+    assert step["cause"] == ""  # a cause is a dead step's
 
 
 def test_task_status_shows_no_stale_error_once_the_step_succeeded(db: None) -> None:

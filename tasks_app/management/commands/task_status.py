@@ -40,6 +40,8 @@ def _step(step: Step) -> dict[str, Any]:
         "result": redact(step.result),
         "error_class": step.error_class if failing else "",
         "error": redact_text(step.last_error) if failing else "",
+        # What the commands' --cause and /dead/groups/ group it by.
+        "cause": step.error_fingerprint if step.status == StepStatus.DEAD else "",
     }
 
 
