@@ -1,10 +1,13 @@
 """What the browser tests share: the browser's settings, logging in through the real form,
-and waiting (with a deadline) for the worker and for what a page shows."""
+waiting (with a deadline) for the worker and for what a page shows, and what a page is
+checked for (CSP violations, accessibility, its width on a phone, lines of text)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from axe_playwright_python.sync_playwright import Axe
 from django.contrib.auth.models import User
 from playwright.sync_api import Locator, Page, ViewportSize, expect
 
@@ -24,6 +27,46 @@ CHROMIUM_ARGS = [
 VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
 TIMEOUT_MS = 10_000
 SCREENSHOTS = ROOT / "docs" / "screenshots"
+
+# Each page records the violations the browser reports, from before its first script.
+RECORD_CSP = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation", (event) => {
+  window.__csp.push(
+    `${event.effectiveDirective} refused ${event.blockedURI || "inline"}`
+    + ` at ${event.sourceFile}:${event.lineNumber}`
+  );
+});
+"""
+SERIOUS = {"serious", "critical"}
+# Axe leaves an ARIA reference to a missing id undecided (the element might come later);
+# on a rendered page every one must resolve.
+DANGLING_ARIA_IDS = """
+() => [...document.querySelectorAll("[aria-describedby], [aria-labelledby], [aria-controls]")]
+  .flatMap((element) => ["aria-describedby", "aria-labelledby", "aria-controls"]
+    .flatMap((name) => (element.getAttribute(name) || "").split(/\\s+/).filter(Boolean)
+      .filter((id) => !document.getElementById(id))
+      .map((id) => `${element.id || element.tagName.toLowerCase()} ${name}=${id}`)))
+"""
+# A phone held upright (an iPhone 12 to 15).
+PHONE: ViewportSize = {"width": 390, "height": 844}
+# The window's width and how wide the document and the body are, in CSS pixels.
+OVERFLOW = """
+() => ({
+  window: window.innerWidth,
+  document: document.documentElement.scrollWidth,
+  body: document.body.scrollWidth,
+})
+"""
+# How many lines a cell's text takes: a dotted error class broken letter by letter takes
+# dozens.
+LINES = """
+(cell) => {
+  const range = document.createRange();
+  range.selectNodeContents(cell);
+  return new Set([...range.getClientRects()].map((rect) => Math.round(rect.top))).size;
+}
+"""
 
 
 def password(user: User) -> str:
@@ -88,3 +131,19 @@ def page_shows_status(page: Page, task: Task, status: str, *, timeout: float = 3
 def action_form(page: Page, button: str) -> Locator:
     """The task page's form whose submit button is named ``button``."""
     return page.locator("form").filter(has=page.get_by_role("button", name=button, exact=True))
+
+
+def accessibility_problems(page: Page, axe: Axe) -> list[Any]:
+    """Axe's serious and critical violations, and ARIA references to missing ids."""
+    problems: list[Any] = [
+        {
+            "id": violation["id"],
+            "impact": violation["impact"],
+            "help": violation["help"],
+            "targets": [node["target"] for node in violation["nodes"]],
+        }
+        for violation in axe.run(page).response["violations"]
+        if violation["impact"] in SERIOUS
+    ]
+    problems.extend(f"dangling reference: {ref}" for ref in page.evaluate(DANGLING_ARIA_IDS))
+    return problems

@@ -17,7 +17,7 @@ from pprint import pformat
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from playwright.sync_api import Page, Request, ViewportSize, expect
+from playwright.sync_api import Page, Request, expect
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
@@ -25,7 +25,7 @@ from tasks_app import services
 from tasks_app.models import Step, Task
 from tasks_app.observability import presence
 from tests.approval_support import advance, article, pending_request, ticket
-from tests.browser.support import SCREENSHOTS, log_in
+from tests.browser.support import LINES, OVERFLOW, PHONE, SCREENSHOTS, log_in
 from tests.e2e_support import wait_for
 from tests.factories import dead_task, noop, succeeded
 
@@ -35,20 +35,11 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-PHONE: ViewportSize = {"width": 390, "height": 844}
 # A dotted class name much longer than a phone is wide, and keys without a place to break.
 LONG_ERROR_CLASS = (
     "integrations.publishing.remote_content_delivery_network.UpstreamCertificateRevokedError"
 )
 LONG_KEY = "publish:narrow:" + "0123456789" * 20
-# How many lines an element's text takes.
-LINES = """
-(element) => {
-  const range = document.createRange();
-  range.selectNodeContents(element);
-  return new Set([...range.getClientRects()].map((rect) => Math.round(rect.top))).size;
-}
-"""
 # Whether the tab is hidden is a property this script can set (Playwright's tab never is).
 HIDEABLE_TAB = """
 window.__hidden = false;
@@ -126,11 +117,6 @@ def seed(*, oncall: User, editor: User, author: User) -> Seeded:
     return Seeded(dead=dead, review=pending_request(advance(Task.objects.get(pk=first.task_id))))
 
 
-WIDTHS = """
-() => ({ window: window.innerWidth, document: document.documentElement.scrollWidth })
-"""
-
-
 def test_every_page_fits_a_phone_without_scrolling_sideways(
     page: Page, page_errors: list[str], superuser: User, oncall: User, editor: User, author: User
 ) -> None:
@@ -138,13 +124,13 @@ def test_every_page_fits_a_phone_without_scrolling_sideways(
     page.set_viewport_size(PHONE)
     page.goto("/accounts/login/")
     wide: dict[str, dict[str, int]] = {}
-    if (widths := page.evaluate(WIDTHS))["document"] > PHONE["width"]:
+    if (widths := page.evaluate(OVERFLOW))["document"] > PHONE["width"]:
         wide["login"] = widths
     log_in(page, superuser)
     for url in seeded.pages:
         page.goto(url)
         expect(page.locator("h1")).to_be_visible()
-        if (widths := page.evaluate(WIDTHS))["document"] > PHONE["width"]:
+        if (widths := page.evaluate(OVERFLOW))["document"] > PHONE["width"]:
             wide[url] = widths
 
     assert not wide, "pages wider than a 390 px window:\n" + pformat(wide)

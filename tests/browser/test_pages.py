@@ -13,14 +13,25 @@ from typing import Any
 import pytest
 from axe_playwright_python.sync_playwright import Axe
 from django.contrib.auth.models import User
-from playwright.sync_api import ConsoleMessage, Page, ViewportSize, expect
+from playwright.sync_api import ConsoleMessage, Page, expect
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
 from tasks_app import services
 from tasks_app.models import Task, TaskStatus
 from tests.approval_support import ARTICLE, TICKET
-from tests.browser.support import SCREENSHOTS, action_form, log_in, pending_request, task_status
+from tests.browser.support import (
+    LINES,
+    OVERFLOW,
+    PHONE,
+    RECORD_CSP,
+    SCREENSHOTS,
+    accessibility_problems,
+    action_form,
+    log_in,
+    pending_request,
+    task_status,
+)
 from tests.e2e_support import Worker, wait_for
 
 pytestmark = [
@@ -29,46 +40,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-# Each page records the violations the browser reports, from before its first script.
-RECORD_CSP = """
-window.__csp = [];
-document.addEventListener("securitypolicyviolation", (event) => {
-  window.__csp.push(
-    `${event.effectiveDirective} refused ${event.blockedURI || "inline"}`
-    + ` at ${event.sourceFile}:${event.lineNumber}`
-  );
-});
-"""
-SERIOUS = {"serious", "critical"}
-# Axe leaves an ARIA reference to a missing id undecided (the element might come later);
-# on a rendered page every one must resolve.
-DANGLING_ARIA_IDS = """
-() => [...document.querySelectorAll("[aria-describedby], [aria-labelledby], [aria-controls]")]
-  .flatMap((element) => ["aria-describedby", "aria-labelledby", "aria-controls"]
-    .flatMap((name) => (element.getAttribute(name) || "").split(/\\s+/).filter(Boolean)
-      .filter((id) => !document.getElementById(id))
-      .map((id) => `${element.id || element.tagName.toLowerCase()} ${name}=${id}`)))
-"""
 NOT_DONE = [TaskStatus.PENDING, TaskStatus.RUNNING]
-# A phone held upright (an iPhone 12 to 15).
-PHONE: ViewportSize = {"width": 390, "height": 844}
-# The window's width and how wide the document and the body are, in CSS pixels.
-OVERFLOW = """
-() => ({
-  window: window.innerWidth,
-  document: document.documentElement.scrollWidth,
-  body: document.body.scrollWidth,
-})
-"""
-# How many lines a cell's text takes: a dotted error class broken letter by letter takes
-# dozens.
-LINES = """
-(cell) => {
-  const range = document.createRange();
-  range.selectNodeContents(cell);
-  return new Set([...range.getClientRects()].map((rect) => Math.round(rect.top))).size;
-}
-"""
 
 
 # --- a console with something on every page ------------------------------------------------
@@ -221,22 +193,6 @@ def test_no_page_violates_the_content_security_policy(
     assert not violations, "CSP violations:\n" + pformat(violations)
     assert not console, "console messages:\n" + "\n".join(console)
     assert Task.objects.get(pk=staged.dead.pk).status == TaskStatus.DEAD  # only previewed
-
-
-def accessibility_problems(page: Page, axe: Axe) -> list[Any]:
-    """Axe's serious and critical violations, and ARIA references to missing ids."""
-    problems: list[Any] = [
-        {
-            "id": violation["id"],
-            "impact": violation["impact"],
-            "help": violation["help"],
-            "targets": [node["target"] for node in violation["nodes"]],
-        }
-        for violation in axe.run(page).response["violations"]
-        if violation["impact"] in SERIOUS
-    ]
-    problems.extend(f"dangling reference: {ref}" for ref in page.evaluate(DANGLING_ARIA_IDS))
-    return problems
 
 
 def test_no_page_has_a_serious_accessibility_violation(

@@ -20,8 +20,14 @@ from playwright.sync_api import Page, expect
 from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.engine.transitions import db_now
-from tests.browser.support import SCREENSHOTS, log_in
-from tests.browser.test_pages import OVERFLOW, PHONE, RECORD_CSP, accessibility_problems
+from tests.browser.support import (
+    OVERFLOW,
+    PHONE,
+    RECORD_CSP,
+    SCREENSHOTS,
+    accessibility_problems,
+    log_in,
+)
 from tests.factories import dead_task
 from tests.workflow_support import fabricate_history
 

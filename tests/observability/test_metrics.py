@@ -11,7 +11,6 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 from django.test import Client
-from prometheus_client.parser import text_string_to_metric_families
 
 from approvals import services as approvals
 from tasks_app import services
@@ -22,24 +21,8 @@ from tasks_app.observability import presence
 from tasks_app.operations import retention
 from tests.approval_support import advance, article, pending_request
 from tests.conftest import backdate, only_step
+from tests.metrics_support import scrape, value
 from tests.settings_support import PRODUCTION, load_settings
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(client: Client, **headers: str) -> Samples:
-    response = client.get("/metrics", headers=headers)
-    assert response.status_code == 200, response.content
-    assert response["Content-Type"].startswith("text/plain; version=")
-    samples: Samples = {}
-    for family in text_string_to_metric_families(response.content.decode()):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture(params=["sql", "orm"])

@@ -15,7 +15,7 @@ from tasks_app.engine import runner
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.conftest import backdate, only_step
 from tests.console_support import login
-from tests.observability.test_metrics import scrape, value
+from tests.metrics_support import scrape, value
 
 pytestmark = pytest.mark.django_db
 
