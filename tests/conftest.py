@@ -19,6 +19,7 @@ from django.apps import apps as django_apps
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection
+from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 from django.db.models import F
 
 from tasks_app.engine.dispatch import publisher
@@ -284,6 +285,8 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
             return
+        if not connection.settings_dict["NAME"].startswith(TEST_DATABASE_PREFIX):
+            return  # no test chosen to run needs the database: none was created
         name = connection.ops.quote_name(connection.settings_dict["NAME"])
         with connection.cursor() as cursor:
             cursor.execute(f"ALTER DATABASE {name} SET tasks_app.allow_truncate = 'on'")
