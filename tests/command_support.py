@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from tasks_app.models import Event, QueueState, Step, Task
+from tasks_app.models import Event, Task
+from tests.rows import action_rows
 
 OS_USER = f"cli:{getpass.getuser()}"
 
@@ -23,24 +24,14 @@ def run(*args: Any, **options: Any) -> str:
 
 def refused(*args: Any, **options: Any) -> str:
     """Run a command that must refuse its input: exit status 2, one line, nothing stored."""
-    before = stored()
+    before = action_rows()
     with pytest.raises(CommandError) as excinfo:
         call_command(*args, stdout=StringIO(), stderr=StringIO(), **options)
     assert excinfo.value.returncode == 2
     message = str(excinfo.value)
     assert message and "\n" not in message
-    assert stored() == before
+    assert action_rows() == before
     return message
-
-
-def stored() -> tuple[Any, ...]:
-    """Everything a command could change."""
-    return (
-        list(Task.objects.order_by("pk").values_list("pk", "status", "payload")),
-        list(Step.objects.order_by("pk").values_list("pk", "status", "attempts")),
-        list(Event.objects.order_by("pk").values_list("pk", flat=True)),
-        list(QueueState.objects.values_list("name", "paused")),
-    )
 
 
 def status_of(task: Task) -> str:

@@ -20,15 +20,15 @@ from django.db import connection, transaction  # noqa: E402
 
 from tests.approval_support import advance, article, pending_request  # noqa: E402
 from tests.conftest import _user  # noqa: E402
-from tests.console.test_console_permissions import (  # noqa: E402
-    ACTION_CASES,
-    PAGE_CASES,
-    _page_url,
-    post_action,
-    snapshot,
-)
 from tests.console_support import login  # noqa: E402
 from tests.factories import dead_task  # noqa: E402
+from tests.permission_tables import (  # noqa: E402
+    ACTION_CASES,
+    PAGE_CASES,
+    page_url,
+    post_action,
+)
+from tests.rows import action_rows  # noqa: E402
 
 
 class Rollback(Exception):
@@ -50,7 +50,7 @@ def main() -> None:
         "review": pending_request(advance(article(actor=author))),
     }
     for page, role, _ in PAGE_CASES:
-        status = login(users[role]).get(_page_url(page, world)).status_code
+        status = login(users[role]).get(page_url(page, world)).status_code
         print(json.dumps(["page", page, role, str(status)]))
     for action, role, _ in ACTION_CASES:
         print(json.dumps(["action", action, role, try_action(action, users[role], world)]))
@@ -64,11 +64,11 @@ def try_action(action: str, user: Any, world: dict[str, Any]) -> str:
         with transaction.atomic():
             if action == "resume":
                 QueueState.objects.create(name="default", paused=True, changed_by="x", reason="x")
-            before = snapshot()
+            before = action_rows()
             response = post_action(login(user), action, world)
-            if response.status_code == 302 and snapshot() != before:
+            if response.status_code == 302 and action_rows() != before:
                 outcome = "done"
-            elif response.status_code == 403 and snapshot() == before:
+            elif response.status_code == 403 and action_rows() == before:
                 outcome = "403"
             else:
                 outcome = f"unexpected {response.status_code}"

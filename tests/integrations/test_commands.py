@@ -27,10 +27,11 @@ from tasks_app.models import (
     TaskStatus,
 )
 from tests.cause_support import causes, dead, dead_step
-from tests.command_support import OS_USER, last_event, lines, refused, run, status_of, stored
+from tests.command_support import OS_USER, last_event, lines, refused, run, status_of
 from tests.conftest import only_step
 from tests.e2e_support import PYTHON, ROOT, database_url
 from tests.factories import dead_task, noop, succeeded, unknown_outcome
+from tests.rows import action_rows
 
 __all__ = ["causes"]  # the fixture, used by name
 
@@ -280,7 +281,7 @@ def test_a_dry_run_prints_the_count_and_the_first_ids_and_changes_nothing(
 ) -> None:
     tasks = [unknown_outcome() for _ in range(22)]
     ids = [task.pk for task in tasks]
-    before = stored()
+    before = action_rows()
 
     action = {"redrive": "redrive", "resolve": "resolve_retry", "cancel": "cancel"}[args[0]]
 
@@ -290,12 +291,12 @@ def test_a_dry_run_prints_the_count_and_the_first_ids_and_changes_nothing(
         f"{action} (dry run, nothing changed): 22 task(s) match",
         f"first ids: {', '.join(map(str, ids[:20]))} (and 2 more)",
     ]
-    assert stored() == before
+    assert action_rows() == before
 
 
 def test_a_dry_run_by_id_says_which_tasks_would_be_skipped(db: None) -> None:
     dead, done = dead_task(), succeeded()
-    before = stored()
+    before = action_rows()
 
     out = run("redrive", str(dead.pk), str(done.pk), "--dry-run", "--reason", "which?")
 
@@ -304,7 +305,7 @@ def test_a_dry_run_by_id_says_which_tasks_would_be_skipped(db: None) -> None:
         f"first ids: {dead.pk}",
         f"would skip (not dead): {done.pk}",
     ]
-    assert stored() == before
+    assert action_rows() == before
 
 
 def test_a_dry_run_beyond_the_limit_says_how_many_would_be_acted_on(db: None) -> None:
@@ -405,12 +406,12 @@ def test_pause_and_resume_a_queue_with_the_actor_and_reason(db: None) -> None:
 
 def test_pausing_a_paused_queue_changes_nothing(db: None) -> None:
     run("pause_queue", "default", "--reason", "incident 42")
-    before = stored()
+    before = action_rows()
 
     out = run("pause_queue", "default", "--reason", "again")
 
     assert out == "queue default is already paused; nothing changed\n"
-    assert stored() == before
+    assert action_rows() == before
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,100 @@
+"""Who may see each console page and take each action, as two tables, and how a case is
+tried (the page's address, the action's request): checked for every role by
+``tests/console/test_console_permissions.py``, and replayed on SQLite by the embedded run
+(``tests/embedded_console.py``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.test import Client
+
+from approvals.models import ApprovalRequest
+from tasks_app.models import Task
+
+# Page by role: status. Reading needs ``view_task`` (every group has it); the approvals
+# pages need ``view_approvalrequest`` (editors); the audit log and its export need the
+# auditors' permissions. Superusers (admin) have all. An outsider is a logged-in user
+# without any group.
+PAGE_MATRIX = """
+page          editor  oncall  auditor  admin  outsider
+overview      200     200     200      200    403
+tasks         200     200     200      200    403
+task          200     200     200      200    403
+dead          200     200     200      200    403
+approvals     200     403     403      200    403
+review        200     403     403      200    403
+queues        200     200     200      200    403
+audit         403     403     200      200    403
+audit_export  403     403     200      200    403
+"""
+
+# Action by role: "done" or 403.
+ACTION_MATRIX = """
+action        editor  oncall  auditor  admin  outsider
+redrive       403     done    403      done   403
+resolve       403     done    403      done   403
+cancel        403     done    403      done   403
+bulk          403     done    403      done   403
+pause         403     done    403      done   403
+resume        403     done    403      done   403
+decide        done    403     403      done   403
+"""
+
+
+def _table(text: str) -> list[tuple[str, str, str]]:
+    lines = [line.split() for line in text.strip().splitlines()]
+    roles = lines[0][1:]
+    return [
+        (row[0], role, cell) for row in lines[1:] for role, cell in zip(roles, row[1:], strict=True)
+    ]
+
+
+PAGE_CASES = _table(PAGE_MATRIX)
+ACTION_CASES = _table(ACTION_MATRIX)
+
+
+def page_url(page: str, world: dict[str, Any]) -> str:
+    """Where a page of the table is, in the world of a dead task and a review."""
+    return {
+        "overview": "/",
+        "tasks": "/tasks/",
+        "task": f"/tasks/{world['dead'].pk}/",
+        "dead": "/dead/",
+        "approvals": "/approvals/",
+        "review": f"/approvals/{world['review'].pk}/",
+        "queues": "/queues/",
+        "audit": "/audit/",
+        "audit_export": "/audit/export.csv",
+    }[page]
+
+
+def action_request(action: str, world: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """Where an action of the table posts, and what."""
+    dead: Task = world["dead"]
+    review: ApprovalRequest = world["review"]
+    return {
+        "redrive": (f"/tasks/{dead.pk}/redrive/", {"reason": "fixed the remote"}),
+        "resolve": (f"/tasks/{dead.pk}/resolve/", {"reason": "checked", "outcome": "done"}),
+        "cancel": (f"/tasks/{dead.pk}/cancel/", {"reason": "not needed"}),
+        "bulk": ("/dead/bulk/", {"action": "cancel", "reason": "incident", "confirm": "1"}),
+        "pause": ("/queues/default/pause/", {"reason": "incident"}),
+        "resume": ("/queues/default/resume/", {"reason": "over"}),
+        "decide": (
+            f"/approvals/{review.pk}/decide/",
+            {"decision": "approve", "comment": "", "draft_hash": review.draft_hash},
+        ),
+    }[action]
+
+
+def post_action(client: Client, action: str, world: dict[str, Any]) -> Any:
+    """Take the action as its page does: a bulk action confirms the plan its preview made
+    (a role refused the preview confirms without one, and is refused again)."""
+    url, data = action_request(action, world)
+    if action == "bulk":
+        preview = client.post(url, {**data, "confirm": ""}).content.decode()
+        found = re.search(r'name="plan" value="([^"]+)"', preview)
+        if found:
+            data["plan"] = found.group(1)
+    return client.post(url, data)
