@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tasks_app import services
+from tasks_app.engine import runner
+from tasks_app.exceptions import InvalidTransition
 from tasks_app.models import EventKind, Lease, StepStatus, TaskStatus
 from tasks_app.tasks import run_step
 from tests.conftest import backdate, event_kinds, only_step
@@ -35,6 +37,10 @@ def test_a_cancelled_task_keeps_its_running_steps_result_but_ends_cancelled(pair
     assert fresh(publish).status == StepStatus.CANCELLED
     requested = events(task, EventKind.CANCEL_REQUESTED)[0]
     assert (requested.actor, requested.reason) == ("cli:x", "r")
+    # The running attempt hears of it at its next heartbeat; a second cancel is refused.
+    assert services.heartbeat(held) == services.HeartbeatResult(alive=True, cancel_requested=True)
+    with pytest.raises(InvalidTransition):
+        services.cancel(task, actor="cli:x", reason="twice")
 
     assert services.complete_step(held, {"draft": "v1"}) is True
 
@@ -54,6 +60,8 @@ def test_a_cancelled_task_keeps_its_running_steps_result_but_ends_cancelled(pair
     run_step(publish.pk)
     assert fresh(publish).fencing_token == 0
     assert not Lease.objects.filter(step=publish).exists()
+    with pytest.raises(InvalidTransition):
+        services.cancel(task, actor="cli:x", reason="again")
 
 
 @pytest.mark.django_db
@@ -92,22 +100,31 @@ def test_a_lease_that_expires_after_cancel_cancels_the_step() -> None:
     assert task.status == TaskStatus.CANCELLED
     assert task.finished_at is not None
     assert events(task, EventKind.LEASE_EXPIRED)[0].data["outcome"] == "cancelled"
-    assert event_kinds(task)[-1] == EventKind.CANCELLED
+    assert event_kinds(task) == [
+        "enqueued",
+        "claimed",
+        "cancel_requested",
+        "lease_expired",
+        "cancelled",
+    ]
+    backdate(step)
+    assert services.claim_step(step.pk, worker_id=WORKER) is None
 
 
 @pytest.mark.django_db
 def test_a_one_step_task_cancelled_while_running_ends_cancelled_with_its_result_kept() -> None:
-    task = services.enqueue("demo.noop", {}).task
+    task = services.enqueue("demo.flaky", {}).task
     step = only_step(task)
     held = claim(step)
     services.cancel(task, actor="cli:x", reason="no longer needed")
     task.refresh_from_db()
     assert task.status == TaskStatus.RUNNING
 
-    assert services.complete_step(held, {"done": True}) is True
+    runner.execute(held)  # the handler runs to its end, as in a worker
 
     step = fresh(step)
-    assert (step.status, step.result) == (StepStatus.SUCCEEDED, {"done": True})
+    # The step keeps its true outcome; the task stays cancelled.
+    assert (step.status, step.result) == (StepStatus.SUCCEEDED, {"token": 1, "attempt": 1})
     task.refresh_from_db()
     assert task.status == TaskStatus.CANCELLED
     assert task.finished_at is not None
