@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from hypothesis import assume, given
 
-from tests.core.test_bad_input import Call, argv, bad_text_calls, examples, stored
+from tests.bad_input_strategies import Call, argv, bad_text_calls, examples, stored
 from tests.e2e_support import PYTHON, ROOT, database_url
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
