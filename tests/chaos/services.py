@@ -1,5 +1,5 @@
-"""The PostgreSQL and Redis servers of a fault drill, which it may stop, restart, pause and
-kill: those ``scripts/with-chaos-services.sh`` started on spare ports for this run (never
+"""The PostgreSQL and Redis servers of a fault drill, which it may stop, restart, pause,
+kill, or make refuse writes: those ``scripts/with-chaos-services.sh`` started on spare ports for this run (never
 the machine's shared servers), described by its ``CHAOS_*`` variables."""
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import psycopg
+import pytest
 import redis
 
-from tests.e2e_support import wait_for
+from tests.e2e_support import spare_port, wait_for
 
 NEEDS_OWN_SERVERS = (
     "the fault drills restart PostgreSQL and Redis, so they run only on servers of their "
@@ -129,6 +131,10 @@ def _pg_user() -> str:
     return url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[0]
 
 
+# Filler for the out-of-memory fault: more than the limit it sets.
+FILLER = "chaos:filler"
+
+
 @dataclass(frozen=True)
 class OwnRedis:
     port: int
@@ -173,6 +179,41 @@ class OwnRedis:
 
     def resume(self) -> None:
         os.kill(self.pid(), signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def refusing_writes(self, fault: str) -> Iterator[None]:
+        """Make the drill's Redis refuse writes until the block ends, then accept them again
+        as before: out of memory (a 1 MB ``maxmemory`` under ``noeviction``, filled past it),
+        or read-only (a replica of a primary that does not exist; reads are still served)."""
+        client = self.client()
+        if fault == "out_of_memory":
+            policy = cast(dict[str, str], client.config_get("maxmemory-policy"))["maxmemory-policy"]
+            limit = cast(dict[str, str], client.config_get("maxmemory"))["maxmemory"]
+            client.config_set("maxmemory-policy", "noeviction")
+            client.set(FILLER, b"x" * 4_000_000)
+            client.config_set("maxmemory", "1mb")
+            try:
+                with pytest.raises(redis.exceptions.OutOfMemoryError):
+                    client.lpush("chaos:probe", "refused")
+                yield
+            finally:
+                client.delete(FILLER)
+                client.config_set("maxmemory", limit)
+                client.config_set("maxmemory-policy", policy)
+        else:
+            if fault == "failed_over":
+                # The server comes back empty, as a replica: a reconnecting consumer cannot
+                # even declare its queues.
+                self.restart()
+            client.replicaof("127.0.0.1", spare_port())
+            try:
+                with pytest.raises(redis.exceptions.ReadOnlyError):
+                    client.lpush("chaos:probe", "refused")
+                yield
+            finally:
+                client.replicaof("NO", "ONE")
+        client.lpush("chaos:probe", "accepted")
+        client.delete("chaos:probe")
 
     def _listening(self) -> bool:
         # A plain connect: redis-py retries a refused connection with backoff, for seconds.

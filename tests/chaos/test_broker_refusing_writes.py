@@ -12,13 +12,10 @@ re-ring is left at its deployed 30 s) and everything drains, once."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import pytest
-import redis
 from django.db.models import Max
 from django.test import Client
 
@@ -35,51 +32,13 @@ from tests.chaos.harness import (
     wait_for_drain,
 )
 from tests.chaos.services import OwnRedis
-from tests.e2e_support import Worker, spare_port, wait_for
+from tests.e2e_support import Worker, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 FAULT_SECONDS = 10
 # How soon after Redis accepts writes again a worker must claim due work.
 RESUME_BOUND = 8.0
-# Filler for the out-of-memory fault: more than the limit it sets.
-FILLER = "chaos:filler"
-
-
-@contextlib.contextmanager
-def refusing_writes(own_redis: OwnRedis, fault: str) -> Iterator[None]:
-    """Make the drill's Redis refuse writes until the block ends, then accept them again
-    as before: out of memory (a 1 MB ``maxmemory`` under ``noeviction``, filled past it),
-    or read-only (a replica of a primary that does not exist; reads are still served)."""
-    client = own_redis.client()
-    if fault == "out_of_memory":
-        policy = cast(dict[str, str], client.config_get("maxmemory-policy"))["maxmemory-policy"]
-        limit = cast(dict[str, str], client.config_get("maxmemory"))["maxmemory"]
-        client.config_set("maxmemory-policy", "noeviction")
-        client.set(FILLER, b"x" * 4_000_000)
-        client.config_set("maxmemory", "1mb")
-        try:
-            with pytest.raises(redis.exceptions.OutOfMemoryError):
-                client.lpush("chaos:probe", "refused")
-            yield
-        finally:
-            client.delete(FILLER)
-            client.config_set("maxmemory", limit)
-            client.config_set("maxmemory-policy", policy)
-    else:
-        if fault == "failed_over":
-            # The server comes back empty, as a replica: a reconnecting consumer cannot
-            # even declare its queues.
-            own_redis.restart()
-        client.replicaof("127.0.0.1", spare_port())
-        try:
-            with pytest.raises(redis.exceptions.ReadOnlyError):
-                client.lpush("chaos:probe", "refused")
-            yield
-        finally:
-            client.replicaof("NO", "ONE")
-    client.lpush("chaos:probe", "accepted")
-    client.delete("chaos:probe")
 
 
 def _dead_processes(cluster: Cluster) -> list[str]:
@@ -122,7 +81,7 @@ def test_row_19_workers_outlive_redis_refusing_writes(
         what="10 tasks to finish first",
     )
 
-    with refusing_writes(own_redis, fault):
+    with own_redis.refusing_writes(fault):
         # Work keeps arriving: the enqueues stand, their doorbells are refused.
         ids += enqueue_workload(30, label=f"refused-{fault}-during", sleep=0.05)
         refused_at = time.monotonic()

@@ -26,7 +26,6 @@ from tests.chaos.harness import (
     wait_for_drain,
 )
 from tests.chaos.services import OwnPostgres, OwnRedis
-from tests.chaos.test_broker_refusing_writes import refusing_writes
 from tests.e2e_support import database_url, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
@@ -79,7 +78,7 @@ def test_load_3000_tasks_through_worker_kills_a_database_fault_and_a_redis_resta
         own_postgres.terminate_backends(connection.settings_dict["NAME"], keep=mine)
 
     def redis_refusing(fault: str) -> None:
-        with refusing_writes(own_redis, fault):
+        with own_redis.refusing_writes(fault):
             _last(FAULT_SECONDS)
 
     def a_step_crashing_its_process() -> None:
