@@ -1,6 +1,7 @@
 """The layout the README's architecture section describes, held as rules: the product's
 modules import one another without a cycle, each says what it is for in a docstring, and
-none grows past what a reader takes in at one sitting."""
+none grows past what a reader takes in at one sitting; no test module imports from
+another."""
 
 from __future__ import annotations
 
@@ -150,3 +151,18 @@ def test_the_app_loads_at_start_what_registers_itself_on_import() -> None:
     names, receivers = (ast.literal_eval(line) for line in done.stdout.splitlines()[-2:])
     assert "django.task" in names and "demo.noop" in names, names
     assert "tasks_app.engine.backstop._start" in receivers, receivers
+
+
+def test_no_test_module_imports_from_another() -> None:
+    """What several tests share lives in a support module (``tests/*_support.py``,
+    ``tests/factories.py``, the tables and strategies), where a reader looks for it: a
+    helper inside a test module is found only by reading its tests, and splitting or
+    moving them breaks the other module."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {node.module}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").rpartition(".")[2].startswith("test_")
+    ]
+    assert not offenders, "\n".join(offenders)
