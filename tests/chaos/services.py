@@ -1,6 +1,7 @@
 """The PostgreSQL and Redis servers of a fault drill, which it may stop, restart, pause,
-kill, or make refuse writes: those ``scripts/with-chaos-services.sh`` started on spare ports for this run (never
-the machine's shared servers), described by its ``CHAOS_*`` variables."""
+kill, or make refuse writes: those ``scripts/with-chaos-services.sh`` started on spare
+ports for this run (never the machine's shared servers), described by its ``CHAOS_*``
+variables."""
 
 from __future__ import annotations
 
