@@ -135,7 +135,8 @@ class Event(models.Model):
             ),
             # (The actor filter, a prefix in any case, ``UPPER(actor) LIKE 'OLI%'``, is
             # served by event_audit_actor_prefix_idx: PostgreSQL's only, built by
-            # migration 0016 and not declared here.)
+            # migration 0016 (0018 rebuilt it with two more kinds) and not declared here;
+            # its kind list is this one's twin, checked by test_audit_chain.)
             # The audit chain: its head (the newest operator event) and its walk in id
             # order; the audit log's newest operator actions of one kind.
             models.Index(

@@ -10,6 +10,7 @@ import functools
 import io
 import itertools
 import json
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -524,3 +525,15 @@ def test_events_of_kinds_outside_the_chain_keep_no_hash(db: None) -> None:
     task = noop()
     assert Event.objects.get(task_id=task.pk).chain_hash is None
     assert json.loads(json.dumps(audit_chain.CHAINED_KINDS)) == sorted(OPERATOR_EVENT_KINDS)
+
+
+def test_the_actor_prefix_index_holds_the_operator_kinds_the_model_names(db: None) -> None:
+    """``event_audit_actor_prefix_idx`` is raw SQL of the migrations (0016, rebuilt by 0018),
+    not declared on the model: its kind list is the twin of ``OPERATOR_EVENT_KINDS``, and an
+    operator kind missing from it would send the audit log's actor filter past the index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'event_audit_actor_prefix_idx'"
+        )
+        [(definition,)] = cursor.fetchall()
+    assert set(re.findall(r"'([a-z_]+)'", definition)) == set(OPERATOR_EVENT_KINDS)
