@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Count, QuerySet
 
 from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote
-from approvals.services import decide_refusal, still_needed
+from approvals.services import decide_refusal, same_person, still_needed
 from approvals.steps import handler_of
 from tasks_app.models import Step
 from tasks_app.operations.redaction import redact
@@ -47,12 +47,14 @@ class Inbox:
 def inbox(actor: Actor) -> Inbox:
     mine: list[ApprovalRequest] = []
     others: list[tuple[ApprovalRequest, str]] = []
-    name, _ = actor_fields(actor)
-    approved = set(
-        ApprovalVote.objects.filter(voter=name, request__status=ApprovalStatus.PENDING).values_list(
-            "request_id", flat=True
-        )
-    )
+    reader = actor_fields(actor)
+    approved = {
+        request_id
+        for request_id, voter, voter_user_id in ApprovalVote.objects.filter(
+            request__status=ApprovalStatus.PENDING
+        ).values_list("request_id", "voter", "voter_user_id")
+        if same_person(reader, (voter, voter_user_id))
+    }
     for request in pending_requests().order_by("created_at", "id"):
         why = decide_refusal(request, actor)
         if why is None and request.pk in approved:

@@ -244,8 +244,9 @@ def _vote(locked: ApprovalRequest, task: Task, actor: Actor, comment: str) -> li
     person is refused. Short of the quorum, the approval is recorded as an event and the
     request stays open."""
     name, user_id = core.actor_fields(actor)
-    voters = list(locked.votes.order_by("id").values_list("voter", flat=True))
-    if name in voters:
+    votes = list(locked.votes.order_by("id").values_list("voter", "voter_user_id"))
+    voters = [voter for voter, _ in votes]
+    if any(same_person((name, user_id), vote) for vote in votes):
         raise AlreadyDecided(
             f"you already approved approval #{locked.pk}; "
             f"{still_needed(locked.quorum - len(voters))} from someone else",
@@ -336,12 +337,17 @@ def _actor_refusal(actor: Actor) -> str | None:
 
 
 def _enqueued_by(task: Task, actor: Actor) -> bool:
-    """Whether ``actor`` enqueued ``task``: the same user, or the same name once a trusted
-    caller's channel is set aside (``"cli:alice"`` is alice, both ways)."""
-    name, user_id = core.actor_fields(actor)
-    if user_id is not None and task.created_by_user_id == user_id:
+    """Whether ``actor`` enqueued ``task`` (:func:`same_person`)."""
+    return same_person(core.actor_fields(actor), (task.created_by, task.created_by_user_id))
+
+
+def same_person(one: tuple[str, int | None], other: tuple[str, int | None]) -> bool:
+    """Whether two actors, each as its name and user id, are one person: the same user, or
+    the same name once a trusted caller's channel is set aside (``"cli:alice"`` is alice,
+    both ways). The enqueuer may not decide, and a person's approvals count once, by it."""
+    if one[1] is not None and one[1] == other[1]:
         return True
-    return _bare(task.created_by) == _bare(name)
+    return _bare(one[0]) == _bare(other[0])
 
 
 def _bare(name: str) -> str:

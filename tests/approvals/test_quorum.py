@@ -116,6 +116,21 @@ def test_the_same_editor_approving_twice_is_refused_and_counts_once(db: None, ed
     ]
 
 
+def test_an_editor_approving_as_a_user_and_again_by_name_counts_once(
+    db: None, editor: User
+) -> None:
+    """A trusted caller's "cli:<name>" is that person, as for the enqueuer's own task: one
+    person's approvals count once whichever way in they came."""
+    task, request = _waiting_release()
+    approvals.approve(request, actor=editor, draft_hash=request.draft_hash)
+
+    with pytest.raises(AlreadyDecided, match="you already approved"):
+        approvals.approve(request, actor=f"cli:{editor.username}", draft_hash=request.draft_hash)
+
+    assert _voters(request) == [editor.username]
+    assert pending_request(task) == request
+
+
 def test_a_second_distinct_editor_approves_the_request_and_the_task_goes_on_to_publish(
     db: None, editor: User, other_editor: User, remotes: Remotes
 ) -> None:
