@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Count, QuerySet
 
 from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote
-from approvals.services import decide_refusal, same_person, still_needed
+from approvals.services import decide_refusal, same_person, waiting_on_others
 from approvals.steps import handler_of
 from tasks_app.models import Step
 from tasks_app.operations.redaction import redact
@@ -80,9 +80,14 @@ def names_approver(user: Any) -> bool:
 
 def already_approved(request: ApprovalRequest) -> str:
     """Why a request the reader approved still waits: for others' approvals."""
-    return (
-        f"you approved it; {still_needed(request.quorum - request.votes.count())} from someone else"
-    )
+    return f"you approved it; {waiting_on_others(request.quorum, request.votes.count())}"
+
+
+def has_approved(request: ApprovalRequest, actor: Actor) -> bool:
+    """Whether ``actor`` has approved the request (:func:`services.same_person`)."""
+    reader = actor_fields(actor)
+    votes = request.votes.values_list("voter", "voter_user_id")
+    return any(same_person(reader, vote) for vote in votes)
 
 
 # --- the review page --------------------------------------------------------------------------

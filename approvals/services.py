@@ -249,7 +249,7 @@ def _vote(locked: ApprovalRequest, task: Task, actor: Actor, comment: str) -> li
     if any(same_person((name, user_id), vote) for vote in votes):
         raise AlreadyDecided(
             f"you already approved approval #{locked.pk}; "
-            f"{still_needed(locked.quorum - len(voters))} from someone else",
+            + waiting_on_others(locked.quorum, len(voters)),
             decided_by=name,
             status=locked.status,
         )
@@ -277,9 +277,11 @@ def _vote(locked: ApprovalRequest, task: Task, actor: Actor, comment: str) -> li
     return voters
 
 
-def still_needed(count: int) -> str:
-    """What a request short of its quorum waits for ("it needs 2 more approvals")."""
-    return f"it needs {count} more approval{'s' if count != 1 else ''}"
+def waiting_on_others(quorum: int, approvals: int) -> str:
+    """What a request short of its ``quorum`` waits for once someone approved it ("it needs
+    1 more approval from someone else")."""
+    count = quorum - approvals
+    return f"it needs {count} more approval{'s' if count != 1 else ''} from someone else"
 
 
 def decide_refusal(request: ApprovalRequest, actor: Actor, task: Task | None = None) -> str | None:

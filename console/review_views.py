@@ -53,8 +53,7 @@ def _review_page(
 ) -> HttpResponse:
     r = approval_selectors.review(approval)
     refused = approval_services.decide_refusal(approval, request.user)
-    name = request.user.get_username()
-    approved = any(vote.voter == name for vote in r.votes)
+    approved = approval_selectors.has_approved(approval, request.user)
     context = {
         "r": r,
         "form": form or forms.DecisionForm(initial={"draft_hash": approval.draft_hash}),
@@ -110,7 +109,7 @@ def decide(request: ConsoleRequest, pk: int) -> HttpResponse:
         count = approval.votes.count()
         done = (
             f"Your approval is recorded ({count} of {approval.quorum}); "
-            f"{approval_services.still_needed(approval.quorum - count)} from someone else."
+            f"{approval_services.waiting_on_others(approval.quorum, count)}."
         )
     if not request.htmx:
         messages.success(request, done)
