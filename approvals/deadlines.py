@@ -55,8 +55,7 @@ def _each_due(due: Q, act: Callable[[ApprovalRequest], None], limit: int) -> int
 def _remind(request: ApprovalRequest) -> None:
     request.reminded_at = core.db_now()
     request.save(update_fields=["reminded_at"])
-    voters = request.votes.values_list("voter", flat=True)
-    notices.schedule(request, "reminder", exclude=[*voters, request.draft_author])
+    notices.schedule(request, "reminder")  # to those who have not approved it yet
 
 
 def _escalate(request: ApprovalRequest) -> None:

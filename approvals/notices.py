@@ -17,15 +17,15 @@ Kinds:
   every ``APPROVALS_DIGEST_MINUTES`` listing the requests waiting for them.
 
 Recipients are the people the request names (its groups' members and users) who may
-decide it (:func:`services.decide_refusal`) and have an address; with no list, everyone
-given the decide permission. Superusers may decide anything but are told only when named.
+decide it (:func:`services.decide_refusal`), have an address and are still concerned
+(:func:`concerned`: not its draft's editor, not someone who approved it); with no list,
+everyone given the decide permission. Superusers may decide anything but are told only when named.
 A message links to the review; the link is plain, and the console asks for a login.
 """
 
 from __future__ import annotations
 
 import smtplib
-from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -39,7 +39,7 @@ from django.utils.timesince import timeuntil
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.selectors import inbox
-from approvals.services import DECIDE_PERMISSION, decide_refusal
+from approvals.services import DECIDE_PERMISSION, decide_refusal, has_approved
 from approvals.signals import request_opened
 from tasks_app import services as core
 from tasks_app.exceptions import EffectNotApplied
@@ -52,7 +52,18 @@ KINDS = ("opened", "reminder", "escalated", "digest")
 # --- who, and when ------------------------------------------------------------------------
 
 
-def recipients(request: ApprovalRequest, kind: str, *, exclude: Iterable[str] = ()) -> list[str]:
+def concerned(request: ApprovalRequest, user: Any) -> bool:
+    """Whether ``user`` is still to be told of ``request``: they may decide it, did not
+    write its draft (an editor's own edit) and have not approved it already. Asked when a
+    notice is enqueued and again when it is sent."""
+    return (
+        decide_refusal(request, user) is None
+        and user.get_username() != request.draft_author
+        and not has_approved(request, user)
+    )
+
+
+def recipients(request: ApprovalRequest, kind: str) -> list[str]:
     """The usernames to tell of ``request`` (see the module's docstring), in name order."""
     users = get_user_model().objects
     if kind == "escalated":
@@ -67,13 +78,8 @@ def recipients(request: ApprovalRequest, kind: str, *, exclude: Iterable[str] = 
                 backend="django.contrib.auth.backends.ModelBackend",
             )
         )
-    left_out = set(exclude)
     candidates = users.filter(named, is_active=True).exclude(email="").distinct()
-    return [
-        user.username
-        for user in candidates.order_by("username")
-        if user.username not in left_out and decide_refusal(request, user) is None
-    ]
+    return [user.username for user in candidates.order_by("username") if concerned(request, user)]
 
 
 @receiver(request_opened, dispatch_uid="approvals.notices.opened")
@@ -82,12 +88,12 @@ def notify_opened(sender: Any, *, request: ApprovalRequest, **kwargs: Any) -> No
     replace it)."""
     if settings.APPROVALS_MAIL_DIGEST:
         return
-    schedule(request, "opened", exclude=[request.draft_author] if request.draft_author else [])
+    schedule(request, "opened")
 
 
-def schedule(request: ApprovalRequest, kind: str, *, exclude: Iterable[str] = ()) -> bool:
+def schedule(request: ApprovalRequest, kind: str) -> bool:
     """Enqueue ``request``'s notice of ``kind`` if anyone is to be told; True if so."""
-    to = recipients(request, kind, exclude=exclude)
+    to = recipients(request, kind)
     if not to:
         return False
     core.enqueue(
@@ -124,11 +130,9 @@ def send_notice(ctx: StepContext) -> dict[str, Any]:
         return {"sent": [], "skipped": "no longer waiting for a decision"}
     sent = []
     for user in _users(ctx.payload["to"]):
-        # The editor whose edit opened the request is not told of it (their name is set on
-        # it in the transaction that enqueued this notice, after the notice was).
-        if user.get_username() == request.draft_author:
-            continue
-        if decide_refusal(request, user) is not None:
+        # Asked again: the editor whose edit opened the request is named on it after its
+        # notice was enqueued, and someone may have approved since.
+        if not concerned(request, user):
             continue
         subject, body = compose(kind, request, user)
         _send_once(ctx, user, subject, body)

@@ -83,13 +83,6 @@ def already_approved(request: ApprovalRequest) -> str:
     return f"you approved it; {waiting_on_others(request.quorum, request.votes.count())}"
 
 
-def has_approved(request: ApprovalRequest, actor: Actor) -> bool:
-    """Whether ``actor`` has approved the request (:func:`services.same_person`)."""
-    reader = actor_fields(actor)
-    votes = request.votes.values_list("voter", "voter_user_id")
-    return any(same_person(reader, vote) for vote in votes)
-
-
 # --- the review page --------------------------------------------------------------------------
 
 

@@ -343,6 +343,13 @@ def _enqueued_by(task: Task, actor: Actor) -> bool:
     return same_person(core.actor_fields(actor), (task.created_by, task.created_by_user_id))
 
 
+def has_approved(request: ApprovalRequest, actor: Actor) -> bool:
+    """Whether ``actor`` has approved ``request`` already (:func:`same_person`)."""
+    reader = core.actor_fields(actor)
+    votes = request.votes.values_list("voter", "voter_user_id")
+    return any(same_person(reader, vote) for vote in votes)
+
+
 def same_person(one: tuple[str, int | None], other: tuple[str, int | None]) -> bool:
     """Whether two actors, each as its name and user id, are one person: the same user, or
     the same name once a trusted caller's channel is set aside (``"cli:alice"`` is alice,

@@ -53,7 +53,7 @@ def _review_page(
 ) -> HttpResponse:
     r = approval_selectors.review(approval)
     refused = approval_services.decide_refusal(approval, request.user)
-    approved = approval_selectors.has_approved(approval, request.user)
+    approved = approval_services.has_approved(approval, request.user)
     context = {
         "r": r,
         "form": form or forms.DecisionForm(initial={"draft_hash": approval.draft_hash}),

@@ -260,6 +260,26 @@ def test_a_reminder_goes_once_to_the_approvers_who_have_not_approved_yet(
     assert pending_request(task) == request
 
 
+def test_who_approves_after_the_reminder_was_enqueued_is_not_sent_it(
+    newsroom: dict[str, User], mailoutbox: Outbox
+) -> None:
+    _, request = _opened(newsroom, press_release)
+    ApprovalRequest.objects.filter(pk=request.pk).update(
+        remind_at=F("remind_at") - timedelta(hours=21)
+    )
+    assert deadlines.remind_due() == 1
+    reminder = notice_task(request, "reminder")
+    assert reminder is not None
+    assert "eddie-editor" in reminder.payload["to"]
+
+    approvals.approve(request, actor=newsroom["eddie"], draft_hash=request.draft_hash)
+    reminder = advance(reminder)
+
+    assert reminder.status == TaskStatus.SUCCEEDED
+    assert newsroom["eddie"].email not in _sent_to(mailoutbox)
+    assert _sent_to(mailoutbox)  # the others still get it
+
+
 def test_a_decided_request_is_not_reminded(newsroom: dict[str, User]) -> None:
     _, request = _opened(newsroom)
     ApprovalRequest.objects.filter(pk=request.pk).update(
