@@ -38,8 +38,9 @@ from django.utils import timezone
 from django.utils.timesince import timeuntil
 
 from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.people import has_approved
 from approvals.selectors import inbox
-from approvals.services import DECIDE_PERMISSION, decide_refusal, has_approved
+from approvals.services import DECIDE_PERMISSION, decide_refusal
 from approvals.signals import request_opened
 from tasks_app import services as core
 from tasks_app.exceptions import EffectNotApplied

@@ -10,7 +10,8 @@ from typing import Any
 from django.db.models import Count, QuerySet
 
 from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote
-from approvals.services import decide_refusal, same_person, waiting_on_others
+from approvals.people import same_person
+from approvals.services import decide_refusal, waiting_on_others
 from approvals.steps import handler_of
 from tasks_app.models import Step
 from tasks_app.operations.redaction import redact

@@ -27,6 +27,7 @@ from django.db import transaction
 from django.dispatch import receiver
 
 from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, decision_text
+from approvals.people import same_person
 from approvals.steps import draft_hash as hash_of
 from approvals.steps import handler_of
 from tasks_app import services as core
@@ -341,26 +342,6 @@ def _actor_refusal(actor: Actor) -> str | None:
 def _enqueued_by(task: Task, actor: Actor) -> bool:
     """Whether ``actor`` enqueued ``task`` (:func:`same_person`)."""
     return same_person(core.actor_fields(actor), (task.created_by, task.created_by_user_id))
-
-
-def has_approved(request: ApprovalRequest, actor: Actor) -> bool:
-    """Whether ``actor`` has approved ``request`` already (:func:`same_person`)."""
-    reader = core.actor_fields(actor)
-    votes = request.votes.values_list("voter", "voter_user_id")
-    return any(same_person(reader, vote) for vote in votes)
-
-
-def same_person(one: tuple[str, int | None], other: tuple[str, int | None]) -> bool:
-    """Whether two actors, each as its name and user id, are one person: the same user, or
-    the same name once a trusted caller's channel is set aside (``"cli:alice"`` is alice,
-    both ways). The enqueuer may not decide, and a person's approvals count once, by it."""
-    if one[1] is not None and one[1] == other[1]:
-        return True
-    return _bare(one[0]) == _bare(other[0])
-
-
-def _bare(name: str) -> str:
-    return name.rsplit(":", 1)[-1]
 
 
 def _revalidate(request: ApprovalRequest, task: Task, seen_hash: str | None) -> None:

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 
 from approvals import selectors as approval_selectors
 from console import mailbox
+from console.views import VIEW_APPROVALS
 
 # The nav entry each page belongs to, by URL name.
 SECTIONS = {
@@ -45,7 +46,7 @@ def approvals_waiting(request: HttpRequest) -> dict[str, Callable[[], int]]:
     user: Any = getattr(request, "user", None)
 
     def count() -> int:
-        if user is None or not user.has_perm("approvals.view_approvalrequest"):
+        if user is None or not user.has_perm(VIEW_APPROVALS):
             return 0
         return len(approval_selectors.decidable_by(user))
 

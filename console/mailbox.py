@@ -11,7 +11,9 @@ from datetime import datetime
 from email.utils import getaddresses, parsedate_to_datetime
 from pathlib import Path
 
-from django.conf import settings
+from django.core.mail import mailers
+from django.core.mail.backends.filebased import EmailBackend as FileBackend
+from django.core.mail.handler import DEFAULT_MAILER_ALIAS
 
 FILE_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
 # What the file backend writes after each message.
@@ -28,11 +30,14 @@ class Mail:
 
 
 def folder() -> Path | None:
-    """Where the default mailer writes its files, or None when it sends for real."""
-    mailer = getattr(settings, "MAILERS", {}).get("default", {})
-    if mailer.get("BACKEND") != FILE_BACKEND:
+    """Where the default mailer writes its files, or None when it sends for real (the
+    mailer as Django builds it from ``MAILERS``, its path resolved). Another backend is
+    not built: an SMTP mailer would check its server's settings to say no more than that."""
+    if mailers.settings.get(DEFAULT_MAILER_ALIAS, {}).get("BACKEND") != FILE_BACKEND:
         return None
-    return Path(mailer.get("OPTIONS", {}).get("file_path", ""))
+    mailer = mailers.default
+    assert isinstance(mailer, FileBackend)
+    return Path(mailer.file_path)
 
 
 def messages(*, to: str | None = None, limit: int = 50) -> list[Mail]:

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.people import has_approved
 from approvals.services import DECIDE_PERMISSION
 from console import errors, forms
 from console.views import (
@@ -53,7 +54,7 @@ def _review_page(
 ) -> HttpResponse:
     r = approval_selectors.review(approval)
     refused = approval_services.decide_refusal(approval, request.user)
-    approved = approval_services.has_approved(approval, request.user)
+    approved = has_approved(approval, request.user)
     context = {
         "r": r,
         "form": form or forms.DecisionForm(initial={"draft_hash": approval.draft_hash}),
