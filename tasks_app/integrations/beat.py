@@ -69,14 +69,21 @@ class Scheduler(PersistentScheduler):
             self._refused = 0
 
     def apply_async(self, entry: ScheduleEntry, *args: Any, **kwargs: Any) -> Any:
-        result = super().apply_async(entry, *args, **kwargs)
-        self._sent[str(entry.name)] += 1
-        return result
+        # Counted before the send and taken back if it fails: beat's stop signal runs
+        # close() wherever the main loop is, and a count made after the send returned
+        # missed a message the broker already held when the signal came right after it.
+        name = str(entry.name)
+        self._sent[name] += 1
+        try:
+            return super().apply_async(entry, *args, **kwargs)
+        except BaseException:
+            self._sent[name] -= 1
+            raise
 
     def close(self) -> None:
         # Called twice on a signal (by beat's handler, then on the way out): one line.
         if not self._stopped:
             self._stopped = True
-            sent = ", ".join(f"{name} {n}" for name, n in sorted(self._sent.items()))
+            sent = ", ".join(f"{name} {n}" for name, n in sorted((+self._sent).items()))
             logger.info("beat: stopped; messages sent since it started: %s", sent or "none")
         super().close()
