@@ -7,8 +7,9 @@ patterns of ``settings.REDACT_KEY_PATTERNS`` (``token``, ``secret``, ``password`
 ``-``, ``_`` and spaces ignored, so ``api_token``, ``Client-Secret``, ``privateKey`` and
 ``X-Api-Key`` are all secrets. :func:`redact` replaces the value of every such key at any
 depth, in lists too; :func:`redact_text` replaces the value written after such a key in free
-text (``key=value`` or ``key: value``, quoted or not, as in a repr, a query string or a
-header), since an error message may quote what its handler was given.
+text (``key=value`` or ``key: value``, quoted or not, escaped or URL-encoded, as in a repr,
+JSON inside a string, a query string or a header), since an error message may quote what
+its handler was given.
 
 Whose data is redacted: what producers and people wrote (payloads, results, drafts, error
 text, reasons), never the system's own bookkeeping. An event's data holds both: the lease
@@ -27,6 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
+from urllib.parse import unquote
 
 from django.conf import settings
 
@@ -69,17 +71,36 @@ SYSTEM_EVENT_KEYS = frozenset(
 )
 
 _SEPARATORS = re.compile(r"[\s_-]+")
-# A key in free text, then ``:`` or ``=``: ``api_key=…``, ``'token': …``, ``Authorization: …``.
-_TEXT_KEY = re.compile(r"""(?<![\w-])["']?(?P<key>[^\W\d][\w-]*)["']?\s*[:=]\s*""")
-# The value after it; an authorization's scheme goes with its credentials.
+# Free text quotes keys and values plainly (``'token': 'x'``), escaped, as JSON inside a
+# string does (``{\"token\": \"x\"}``), or URL-encoded (``%22``, ``api%5Fkey%3Dx``).
+_QUOTE = r"""(?:\\?["']|%2[27])"""
+_SPACE = r"(?:\s|%20)*"
+# A key in free text, then ``:`` or ``=`` (or ``%3A``, ``%3D``): ``api_key=…``,
+# ``'token': …``, ``Authorization: …``. It starts a word, or follows an encoded character
+# (``…%26token%3D…``).
+_TEXT_KEY = re.compile(
+    rf"""(?:(?<![\w%-])|(?<=%[0-9A-F]{{2}})){_QUOTE}?"""
+    rf"""(?P<key>[^\W\d](?:[\w-]|%5F|%2D)*){_QUOTE}?{_SPACE}(?:[:=]|%3[AD]){_SPACE}""",
+    re.IGNORECASE,
+)
+# The value after it, quoted (escapes inside kept in) or bare up to a delimiter (``&`` or
+# ``%26`` too); a bare value that starts with a delimiter (``password=,x``) runs to the
+# next space or ``&``. An
+# authorization's scheme goes with its credentials.
 _TEXT_VALUE = re.compile(
-    r"""(?:(?:Bearer|Basic|Token)\s+)?(?:"[^"]*"|'[^']*'|[^\s,;&)}\]]+)""", re.IGNORECASE
+    r"""(?:(?:Bearer|Basic|Token)\s+)?(?:"""
+    r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'"""
+    r"""|\\"(?:[^\\]|\\[^"])*\\"|\\'(?:[^\\]|\\[^'])*\\'"""
+    r"""|%22.*?%22|%27.*?%27"""
+    r"""|(?:(?!%26)[^\s,;&)}\]])+|(?:(?!%26)[^\s&])+)""",
+    re.IGNORECASE,
 )
 
 
 def normalise_key(key: str) -> str:
-    """``key`` as the rule compares it: lower case, without ``-``, ``_`` or spaces."""
-    return _SEPARATORS.sub("", key).lower()
+    """``key`` as the rule compares it: URL-decoded, lower case, without ``-``, ``_`` or
+    spaces."""
+    return _SEPARATORS.sub("", unquote(key)).lower()
 
 
 def is_secret_key(key: object, patterns: Iterable[str] | None = None) -> bool:

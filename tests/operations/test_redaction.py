@@ -94,6 +94,32 @@ def test_free_text_finds_a_secret_inside_another_value_and_keeps_the_rest() -> N
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # JSON inside a message, and JSON inside a string (its quotes escaped)
+        ('remote said {"token": "t-1"}', f'remote said {{"token": {REDACTED}}}'),
+        ('body={\\"token\\": \\"t-1\\"}', f'body={{\\"token\\": {REDACTED}}}'),
+        ("{\\'password\\': \\'pw\\'}", f"{{\\'password\\': {REDACTED}}}"),
+        ('token="a\\"b" next', f"token={REDACTED} next"),
+        # URL-encoded keys, separators and quotes
+        ("GET /x?api%5Fkey=k-1&page=2", f"GET /x?api%5Fkey={REDACTED}&page=2"),
+        ("api%5fkey%3Dk-1", f"api%5fkey%3D{REDACTED}"),
+        (
+            "next=%2Fx%3Fq%3D1%26token%3Ds-1%26page%3D2",
+            f"next=%2Fx%3Fq%3D1%26token%3D{REDACTED}%26page%3D2",
+        ),
+        ("%22api_key%22%3A%20%22k%201%22, ok", f"%22api_key%22%3A%20{REDACTED}, ok"),
+        ("Api%2DKey: k-1", f"Api%2DKey: {REDACTED}"),
+        # a value that starts with a delimiter
+        ("password=,hunter2 retry=1", f"password={REDACTED} retry=1"),
+        ("password=;pw&x=1", f"password={REDACTED}&x=1"),
+    ],
+)
+def test_free_text_finds_secrets_quoted_escaped_or_url_encoded(text: str, shown: str) -> None:
+    assert redact_text(text) == shown
+
+
 def test_event_data_keeps_the_systems_own_keys_and_redacts_the_producers() -> None:
     data = {
         "token": 7,
