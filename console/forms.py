@@ -20,6 +20,7 @@ from tasks_app.engine import fingerprints
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import EventKind, TaskStatus
 from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
+from tasks_app.operations import listings
 from tasks_app.operations.listings import AuditFilter, DeadFilter, TaskFilter, workflow_names
 from tasks_app.operations.task_actions import ACTIONS
 
@@ -93,9 +94,8 @@ class TaskFilterForm(_Filter):
         except forms.ValidationError:
             value = text
         try:
-            # The rules of a payload: no \u0000, no lone surrogate, no NaN or Infinity,
-            # no float out of range, not too deep.
-            validation.validate_payload({path: value}, field="payload")
+            # The rules of a payload (what PostgreSQL can compare), and no secret compared.
+            listings.check_payload_filter(path, value)
         except InvalidInput as exc:
             raise forms.ValidationError(str(exc)) from None
         return path, value

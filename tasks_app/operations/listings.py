@@ -12,7 +12,9 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 
+from tasks_app import validation
 from tasks_app.engine.fingerprints import masked_message
+from tasks_app.exceptions import InvalidInput
 from tasks_app.models import (
     OPERATOR_EVENT_KINDS,
     Event,
@@ -21,6 +23,7 @@ from tasks_app.models import (
     StepStatus,
     Task,
 )
+from tasks_app.operations.redaction import secret_key_in
 from tasks_app.workflows import registry
 
 # --- lists ------------------------------------------------------------------------------------
@@ -80,6 +83,7 @@ def tasks(filters: TaskFilter) -> QuerySet[Task]:
         idempotency_key__startswith=filters.key,
     )
     if filters.payload is not None:
+        check_payload_filter(*filters.payload)
         queryset = queryset.filter(_payload_matches(*filters.payload))
     return _in_window(queryset, filters.since, filters.until)
 
@@ -99,6 +103,22 @@ def _in_window[M: Task | Event](
     if until is not None:
         queryset = queryset.filter(created_at__lt=until)
     return queryset
+
+
+def check_payload_filter(path: str, value: Any) -> None:
+    """Raise :class:`InvalidInput` (field ``payload``) for a filter on ``path`` for
+    ``value`` that breaks the rules of a payload (no ``\\u0000``, no lone surrogate, no NaN
+    or Infinity, no float out of range, not too deep: what PostgreSQL cannot compare), or
+    that would compare a secret's value (``redaction.secret_key_in``): whether it lists a
+    task would confirm a guess of what every page shows redacted."""
+    validation.validate_payload({path: value}, field="payload")
+    secret = secret_key_in(path.split("."), value)
+    if secret is not None:
+        raise InvalidInput(
+            "payload",
+            f"{secret!r} is a secret by the redaction rule (REDACT_KEY_PATTERNS): "
+            "no filter compares its value",
+        )
 
 
 def _payload_matches(path: str, value: Any) -> Q:

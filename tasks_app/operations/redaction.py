@@ -109,6 +109,32 @@ def is_secret_key(key: object, patterns: Iterable[str] | None = None) -> bool:
     return _matches(key, _patterns(patterns))
 
 
+def secret_key_in(path: Iterable[str], value: Any = None) -> str | None:
+    """The first secret key a comparison of ``value`` at ``path`` would read, or None: a
+    key of the path, or a key at any depth of ``value`` (a filter by JSON containment
+    compares those too). A filter that reads one would tell a guessed secret from a wrong
+    one, so none may."""
+    found = _patterns(None)
+    for key in path:
+        if _matches(key, found):
+            return str(key)
+
+    def walk(node: Any) -> str | None:
+        if isinstance(node, Mapping):
+            for key, item in node.items():
+                if _matches(key, found):
+                    return str(key)
+                if (inner := walk(item)) is not None:
+                    return inner
+        elif isinstance(node, list | tuple):
+            for item in node:
+                if (inner := walk(item)) is not None:
+                    return inner
+        return None
+
+    return walk(value)
+
+
 def redact(value: Any, patterns: Iterable[str] | None = None) -> Any:
     """A copy of ``value`` with the value of every secret key replaced, at any depth."""
     found = _patterns(patterns)

@@ -90,3 +90,38 @@ def test_a_bad_task_filter_is_refused_not_widened(oncall: User, query: dict[str,
     response = login(oncall).get("/tasks/", query)
     assert response.status_code == 400
     assert "<table" not in body(response)
+
+
+@pytest.mark.parametrize(
+    ("payload", "secret"),
+    [
+        ("api_token=right", "api_token"),
+        ("api_token=wrong", "api_token"),
+        ("auth.Client-Secret=s-1", "Client-Secret"),
+        ('auth={"password": "pw-1"}', "password"),
+        ('items=[{"session_id": "s-1"}]', "session_id"),
+    ],
+)
+def test_a_payload_filter_that_would_compare_a_secret_is_refused_whatever_the_guess(
+    oncall: User, payload: str, secret: str
+) -> None:
+    enqueued(
+        "demo.noop",
+        {
+            "api_token": "right",
+            "auth": {"Client-Secret": "s-1", "password": "pw-1"},
+            "items": [{"session_id": "s-1"}],
+        },
+    )
+    response = login(oncall).get("/tasks/", {"payload": payload})
+    assert response.status_code == 400
+    page = body(response)
+    assert f"The filter cannot be used: payload: &#x27;{secret}&#x27; is a secret" in page
+    assert "REDACT_KEY_PATTERNS" in page
+    assert "<table" not in page and "/tasks/1" not in page
+
+
+def test_a_payload_filter_on_a_field_beside_a_secret_still_lists_its_tasks(oncall: User) -> None:
+    task = enqueued("demo.noop", {"ticket": {"id": 7, "token": "t-1"}})
+    page = body(login(oncall).get("/tasks/", {"payload": "ticket.id=7"}))
+    assert f'href="/tasks/{task.pk}/"' in page

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from tasks_app import services
 from tasks_app.engine import runner
+from tasks_app.exceptions import InvalidInput
 from tasks_app.models import PayloadSearch, Task
 from tasks_app.operations import listings, retention
 from tests.factories import dead_task
@@ -127,3 +128,12 @@ def test_the_migration_copies_the_payloads_of_tasks_from_before_it(db: None) -> 
     backfill_migration.backfill(None, connection.schema_editor())
 
     assert stored() == {task.pk: {"n": n} for n, task in enumerate(tasks)}
+
+
+def test_the_listing_itself_refuses_a_payload_filter_on_a_secret(db: None) -> None:
+    services.enqueue("demo.noop", {"api_token": "right"})
+    for path, value in [("api_token", "right"), ("outer", {"api_token": "right"})]:
+        with pytest.raises(InvalidInput) as refused:
+            listings.tasks(listings.TaskFilter(payload=(path, value)))
+        assert refused.value.field == "payload"
+        assert "'api_token' is a secret by the redaction rule" in refused.value.rule
