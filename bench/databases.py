@@ -52,7 +52,7 @@ class Server:
 
     def create(self) -> None:
         self.drop()
-        self.conn.execute(f'CREATE DATABASE "{self.db_name}"')
+        self._create(self.db_name)
 
     def drop(self) -> None:
         self.conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
@@ -61,7 +61,14 @@ class Server:
         """Another database of this run (a console data set), dropped by ``drop_others``."""
         self.conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self.others.append(name)
+        self._create(name)
+
+    def _create(self, name: str) -> None:
+        """A disposable database: the history's triggers let it be truncated between
+        cells only because the database itself allows it (tasks_app migration 0019), as
+        the test suite's databases do."""
         self.conn.execute(f'CREATE DATABASE "{name}"')
+        self.conn.execute(f"ALTER DATABASE \"{name}\" SET tasks_app.allow_truncate = 'on'")
 
     def drop_others(self) -> None:
         """This run's other databases, and any a killed run left behind (we hold the

@@ -550,8 +550,7 @@ def load(dsn: str, n: int, *, seed: int = 1) -> dict[str, Any]:
         with psycopg.connect(dsn, connect_timeout=10) as conn, conn.cursor() as cur:
             cur.execute("SET synchronous_commit = off")
             # COPY FREEZE wants its table truncated in the same transaction. The events refuse
-            # a TRUNCATE unless this transaction allows it (migration 0016's trigger).
-            cur.execute("SET LOCAL tasks_app.allow_truncate = 'on'")
+            # a TRUNCATE unless the database allows it (Server._create, in bench/databases.py).
             cur.execute("TRUNCATE " + ", ".join([*tables, *rollup]) + " CASCADE")
             for table in [*tables, *rollup]:
                 sql = f"COPY {table} ({COLUMNS[table]}) FROM STDIN WITH (FREEZE)"

@@ -142,9 +142,8 @@ class System:
         if self.tables:
             with self.ctx.connect() as conn:
                 conn.execute("SET lock_timeout = '15s'")
-                # The history refuses TRUNCATE unless the session allows it (migration
-                # 0016 of tasks_app): a bench database is disposable.
-                conn.execute("SET tasks_app.allow_truncate = 'on'")
+                # The history refuses TRUNCATE unless the database allows it, as a bench
+                # database does (Server._create, in bench/databases.py).
                 conn.execute(f"TRUNCATE {', '.join(self.tables)} RESTART IDENTITY CASCADE")
         self.ctx.purge_keys(self.ctx.stage_prefix)
         self.ctx.purge_keys(self.ctx.live_prefix)

@@ -291,6 +291,15 @@ def checkpoints_recording(link: Link) -> bool:
     )
 
 
+def holds(link: Link) -> bool:
+    """Whether the chain still vouches for ``link``, a head exported earlier: the event is
+    there with that hash, or a checkpoint recorded it before retention deleted it. When
+    neither, the chain's newest events were deleted and its head moved back, which a walk
+    of what remains cannot see."""
+    stored = Event.objects.filter(pk=link.event_id, chain_hash=link.hash).exists()
+    return stored or checkpoints_recording(link)
+
+
 def _kept(checkpoint: AuditCheckpoint | None) -> Iterable[tuple[int, str]]:
     if checkpoint is None:
         return ()

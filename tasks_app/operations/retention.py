@@ -9,13 +9,14 @@ waiting, pending and running tasks are never pruned, however old. The sweeper pr
 batch of each per sweep; ``manage.py prune_history`` prunes everything due, or says what
 would go.
 
-On PostgreSQL the append-only trigger lets a DELETE of events through only inside a
-transaction that set ``tasks_app.operations.retention`` locally; the setting dies with the
-transaction. Every deletion of events adds how many went, per kind, to the counter
-``events_pruned:<kind>`` in the same transaction, so a count of events by kind (the
-stored events plus that counter) never goes down when history is pruned. Before operator
-events go, the audit chain is sealed with a checkpoint
-(``audit_verify.seal_before_deleting``), so it still verifies without them.
+On PostgreSQL the append-only trigger lets a DELETE of events through only inside the
+database function ``tasks_app_prune_events``, which runs as the tables' owner and takes
+only what retention may take (docs/audit.md); no setting a session may set unlocks it.
+Every deletion of events adds how many went, per kind, to the counter
+``events_pruned:<kind>`` in the same transaction, so a count of events by kind (the stored
+events plus that counter) never goes down when history is pruned. Before operator events
+go, the audit chain is sealed with a checkpoint (``audit_verify.seal_before_deleting``),
+so it still verifies without them.
 """
 
 from __future__ import annotations
@@ -83,23 +84,25 @@ def delete_events_by_kind(event_ids: Sequence[int]) -> dict[str, int]:
             )
             chained = audit_verify.chained_among(event_ids)
             event_ids = [pk for pk in event_ids if pk not in chained]
-        if connection.vendor == "postgresql":
-            cursor.execute("SET LOCAL tasks_app.operations.retention = 'on'")
         for start in range(0, len(event_ids), DELETE_CHUNK):
             chunk = list(event_ids[start : start + DELETE_CHUNK])
-            placeholders = ", ".join(["%s"] * len(chunk))
-            cursor.execute(
-                f"DELETE FROM {table} WHERE id IN ({placeholders}) RETURNING kind",  # noqa: S608
-                chunk,
-            )
+            cursor.execute(*_delete_statement(table, chunk))
             deleted.update(kind for (kind,) in cursor.fetchall())
-        if connection.vendor == "postgresql":
-            # Called inside an outer transaction, this block is only a savepoint and the
-            # SET LOCAL would last until the outer transaction ends: switch it off again so
-            # nothing after this call can delete events.
-            cursor.execute("SET LOCAL tasks_app.operations.retention = 'off'")
         counting.upsert({PRUNED_COUNTER_PREFIX + kind: n for kind, n in deleted.items()})
     return dict(deleted)
+
+
+def _delete_statement(table: str, chunk: list[int]) -> tuple[str, list[Any]]:
+    """The statement that deletes ``chunk`` and returns each deleted event's kind.
+
+    On PostgreSQL only ``tasks_app_prune_events`` (migration 0019) may delete events: it
+    runs as the tables' owner and deletes only what retention may take (events of finished
+    tasks or of tasks already gone; chained events once a checkpoint sealed the chain past
+    them), so it skips the rest. SQLite has no trigger and deletes as asked."""
+    if connection.vendor == "postgresql":
+        return "SELECT event_kind FROM tasks_app_prune_events(%s::bigint[])", [chunk]
+    placeholders = ", ".join(["%s"] * len(chunk))
+    return f"DELETE FROM {table} WHERE id IN ({placeholders}) RETURNING kind", chunk  # noqa: S608
 
 
 # --- what is due ------------------------------------------------------------------------------

@@ -195,15 +195,56 @@ def test_an_event_deleted_from_the_middle_is_found_at_the_link_after_it(
     db: None, oncall: User
 ) -> None:
     first, second, third = three_operator_actions(oncall)
-    # Deleted as only retention may, but without its checkpoint.
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL tasks_app.operations.retention = 'on'")
-        cursor.execute(f"DELETE FROM {EVENTS} WHERE id = %s", [second.pk])
+    # Deleted by the tables' owner, who alone can set the trigger aside.
+    raw(f"ALTER TABLE {EVENTS} DISABLE TRIGGER tasks_app_event_append_only")
+    raw(f"DELETE FROM {EVENTS} WHERE id = %s", [second.pk])
+    raw(f"ALTER TABLE {EVENTS} ENABLE TRIGGER tasks_app_event_append_only")
 
     error = broken()
 
     assert f"event {third.pk}: previous-hash mismatch (a row deleted or inserted" in error
     assert f"the chain before it ends at event {first.pk}" in error
+
+
+@postgresql_only
+@pytest.mark.no_fold_check
+def test_deleting_the_newest_events_is_found_against_an_exported_head(
+    db: None, oncall: User
+) -> None:
+    _first, second, third = three_operator_actions(oncall)
+    exported = f"{third.pk}:{third.chain_hash}"
+    assert f"head: event {third.pk} {third.chain_hash}" in verify_audit()
+    assert "ok: the chain holds the exported head" in verify_audit("--head", exported)
+    # The newest event deleted by the tables' owner: what remains still links up.
+    raw(f"ALTER TABLE {EVENTS} DISABLE TRIGGER tasks_app_event_append_only")
+    raw(f"DELETE FROM {EVENTS} WHERE id = %s", [third.pk])
+    raw(f"ALTER TABLE {EVENTS} ENABLE TRIGGER tasks_app_event_append_only")
+    assert f"head: event {second.pk}" in verify_audit()
+
+    error = broken("--head", exported)
+
+    assert f"no longer holds the head event {third.pk} {third.chain_hash}" in error
+    assert f"(now event {second.pk} {second.chain_hash})" in error
+
+
+def test_an_exported_head_that_retention_pruned_since_still_holds(db: None, oncall: User) -> None:
+    services.pause_queue("default", actor=oncall, reason="incident")
+    services.resume_queue("default", actor=oncall, reason="over")
+    newest = chained()[-1]
+    retention.prune(_days_later(AUDIT_DAYS + 1))
+    assert not chained()
+
+    assert "ok: the chain holds the exported head" in verify_audit(
+        "--head", f"event {newest.pk} {newest.chain_hash}"
+    )
+
+
+def test_a_head_that_is_not_id_and_hash_is_refused(db: None) -> None:
+    with pytest.raises(CommandError) as excinfo:
+        verify_audit("--head", "12:not-a-hash")
+
+    assert excinfo.value.returncode == 2
+    assert "head: '12:not-a-hash' is not ID:HASH" in str(excinfo.value)
 
 
 def test_an_operator_event_written_around_the_chain_is_found(db: None, oncall: User) -> None:
@@ -293,9 +334,9 @@ def test_a_kept_event_deleted_behind_the_checkpoint_is_found(db: None, oncall: U
     services.pause_queue("default", actor=oncall, reason="incident")
     retention.prune(_days_later(AUDIT_DAYS + 1))
     [[kept_id, _]] = AuditCheckpoint.objects.get().kept
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL tasks_app.operations.retention = 'on'")
-        cursor.execute(f"DELETE FROM {EVENTS} WHERE id = %s", [kept_id])
+    raw(f"ALTER TABLE {EVENTS} DISABLE TRIGGER tasks_app_event_append_only")
+    raw(f"DELETE FROM {EVENTS} WHERE id = %s", [kept_id])
+    raw(f"ALTER TABLE {EVENTS} ENABLE TRIGGER tasks_app_event_append_only")
 
     assert f"event {kept_id}: missing (deleted)" in broken()
 
@@ -352,9 +393,13 @@ def test_checkpoints_are_append_only(db: None) -> None:
 def test_postgresql_refuses_to_truncate_the_history(db: None, oncall: User, table: str) -> None:
     three_operator_actions(oncall)
     # The test database allows it for its flushes (tests/conftest.py); production sets
-    # nothing.
+    # nothing. Withdrawn here inside the test's transaction, which rolls it back; the
+    # session's own setting, still on, counts for nothing.
     with pytest.raises(DatabaseError) as excinfo, transaction.atomic(), connection.cursor() as c:
-        c.execute("SET LOCAL tasks_app.allow_truncate = 'off'")
+        c.execute(
+            f"ALTER DATABASE {connection.settings_dict['NAME']} RESET tasks_app.allow_truncate"
+        )
+        c.execute("SET LOCAL tasks_app.allow_truncate = 'on'")
         c.execute(f"TRUNCATE {table}")
 
     assert isinstance(excinfo.value.__cause__, psycopg.errors.InsufficientPrivilege)

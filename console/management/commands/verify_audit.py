@@ -11,8 +11,17 @@ from django.core.management.base import CommandError, CommandParser
 from console import audit_csv
 from tasks_app.management.cli import OperatorCommand, bad_input
 from tasks_app.operations import audit_verify
+from tasks_app.operations.audit_chain import Link
 
 BROKEN = 1
+
+
+def _link(value: str) -> Link:
+    """``ID:HASH`` or ``event ID HASH``, as the head is printed."""
+    parts = value.replace("event", " ").replace(":", " ").split()
+    if len(parts) != 2 or not parts[0].isdigit() or len(parts[1]) != 64:
+        raise bad_input(f"head: {value!r} is not ID:HASH (an event id and its 64-digit hash)")
+    return Link(int(parts[0]), parts[1].lower())
 
 
 class Command(OperatorCommand):
@@ -21,7 +30,9 @@ class Command(OperatorCommand):
         "the latest retention checkpoint, or its beginning, and name the first broken link: "
         "a hash mismatch means the row was edited, a previous-hash mismatch that a row was "
         "deleted or inserted before it; an operator event without a hash after the chain "
-        "began is named too. Prints the chain's head when it holds. With --export "
+        "began is named too. Prints the chain's head when it holds. With --head ID:HASH (a "
+        "head printed earlier and kept elsewhere), also check that the chain still holds "
+        "it, so deleting the newest events is found. With --export "
         "FILE, also check a CSV from /audit/export.csv: each row against the event it names "
         "(the chain hash among its cells) and its final chain-head line against the chain. "
         "Exit status 1 on a break or a difference, else 0."
@@ -34,8 +45,15 @@ class Command(OperatorCommand):
             help="an audit export (CSV) to check against the database",
         )
 
+        parser.add_argument(
+            "--head",
+            metavar="ID:HASH",
+            help="a head printed earlier (event id and hash) that the chain must still hold",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         export = Path(options["export"]) if options["export"] else None
+        exported = _link(options["head"]) if options["head"] else None
         if export is not None and not export.is_file():
             raise bad_input(f"export: no such file: {export}")
         verdict = audit_verify.verify()
@@ -59,9 +77,18 @@ class Command(OperatorCommand):
                 f"{verdict.outside}",
                 returncode=BROKEN,
             )
+        if exported is not None and not audit_verify.holds(exported):
+            raise CommandError(
+                f"audit chain moved back: it no longer holds the head {exported} exported "
+                f"earlier (now {head}), and no checkpoint recorded it: its newest events "
+                "were deleted outside retention",
+                returncode=BROKEN,
+            )
         self.stdout.write(
             f"ok: audit chain verified, {verdict.checked} event(s) from {start}; head: {head}"
         )
+        if exported is not None:
+            self.stdout.write(f"ok: the chain holds the exported head {exported}")
         if export is not None:
             self._check_export(export)
 

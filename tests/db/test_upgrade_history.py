@@ -1,0 +1,152 @@
+"""Upgrading a database migrated by an earlier release, then pruning its history.
+
+A database migrated before the layout by concern holds the event trigger as migration 0002
+first installed it: it let a DELETE through when the session had set
+``tasks_app.retention``. Migrations are history, so 0002 keeps that text; migration 0019
+installs the current trigger functions whatever a database's history. Each test here
+builds its own database with ``manage.py migrate``, as a release step would, and drops it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the triggers are PostgreSQL's"
+)
+
+# The event trigger as the releases before the layout by concern installed it (migration
+# 0002's text at 9254a09): what a database migrated then still holds.
+OLD_EVENT_TRIGGER = """
+CREATE OR REPLACE FUNCTION tasks_app_event_append_only() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('tasks_app.retention', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'tasks_app_event is append-only: % refused', TG_OP
+        USING ERRCODE = 'insufficient_privilege';
+END;
+$$ LANGUAGE plpgsql;
+"""
+
+
+def _url(name: str) -> str:
+    settings = connection.settings_dict
+    user = settings["USER"] or os.environ.get("PGUSER", "")
+    return f"postgres://{user}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{name}"
+
+
+def _admin() -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(_url("postgres"), autocommit=True)
+
+
+@pytest.fixture
+def old_database() -> Iterator[str]:
+    """A database of its own, dropped afterwards."""
+    name = f"task_console_upgrade_{uuid.uuid4().hex[:10]}"
+    with _admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with _admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def manage(database: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": _url(database), "DJANGO_SETTINGS_MODULE": ""}
+    env.pop("DJANGO_SETTINGS_MODULE")
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def sql(database: str, statement: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(_url(database), autocommit=True) as conn:
+        cursor = conn.execute(statement)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _old_finished_history(database: str) -> int:
+    """A cancelled task that finished 400 days ago, with its events; returns its id."""
+    _ok(manage(database, "enqueue", "demo.noop", "--payload", "{}", "--key", "old:1"))
+    (task_id,) = sql(database, "SELECT id FROM tasks_app_task WHERE idempotency_key = 'old:1'")[0]
+    _ok(manage(database, "cancel", str(task_id), "--reason", "no longer needed"))
+    sql(
+        database,
+        "UPDATE tasks_app_task SET finished_at = now() - interval '400 days', "
+        f"created_at = now() - interval '400 days' WHERE id = {task_id}",
+    )
+    return int(str(task_id))
+
+
+def _migrate_as_an_earlier_release(database: str) -> None:
+    """Every app as the release before 0019 left it (the approvals app's latest
+    migration depends on the core's 0018)."""
+    _ok(manage(database, "migrate", "approvals", "0004", "--noinput"))
+    assert "[ ] 0019_history_only_retention_deletes" in _ok(
+        manage(database, "showmigrations", "tasks_app")
+    )
+
+
+def _event_trigger(database: str) -> str:
+    [(source,)] = sql(
+        database, "SELECT prosrc FROM pg_proc WHERE proname = 'tasks_app_event_append_only'"
+    )
+    return str(source)
+
+
+def test_migration_0002_installs_the_trigger_its_first_release_installed(old_database: str) -> None:
+    _migrate_as_an_earlier_release(old_database)
+
+    assert "current_setting('tasks_app.retention', true)" in _event_trigger(old_database)
+
+
+def test_a_database_migrated_by_an_earlier_release_prunes_after_the_upgrade(
+    old_database: str,
+) -> None:
+    _migrate_as_an_earlier_release(old_database)
+    sql(old_database, OLD_EVENT_TRIGGER)
+    task_id = _old_finished_history(old_database)
+    assert sql(old_database, f"SELECT count(*) FROM tasks_app_event WHERE task_id = {task_id}")[0][
+        0
+    ]
+
+    _ok(manage(old_database, "migrate", "--noinput"))
+    output = _ok(manage(old_database, "prune_history"))
+
+    assert "tasks_app.retention" not in _event_trigger(old_database)
+    assert sql(old_database, f"SELECT count(*) FROM tasks_app_task WHERE id = {task_id}") == [(0,)]
+    # Its worker events went with it; the operator's cancel stays for the audit retention.
+    remaining = {
+        kind
+        for (kind,) in sql(
+            old_database, f"SELECT kind FROM tasks_app_event WHERE task_id = {task_id}"
+        )
+    }
+    assert "enqueued" not in remaining, output
+    assert "cancelled" in remaining and remaining <= {"cancel_requested", "cancelled"}, output
+    # The sweeper's share runs too, as every sweep does.
+    _ok(manage(old_database, "sweep"))
