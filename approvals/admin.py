@@ -10,7 +10,7 @@ from django.utils.safestring import SafeString
 
 from approvals.models import ApprovalRequest
 from tasks_app.integrations.admin import ReadOnlyMixin
-from tasks_app.integrations.admin_parts import json_block, text_block
+from tasks_app.integrations.admin_parts import RedactedLookupsRefused, json_block, text_block
 
 if TYPE_CHECKING:
     RequestModelAdmin = admin.ModelAdmin[ApprovalRequest]
@@ -19,7 +19,7 @@ else:
 
 
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(ReadOnlyMixin, RequestModelAdmin):
+class ApprovalRequestAdmin(RedactedLookupsRefused, ReadOnlyMixin, RequestModelAdmin):
     list_display = (
         "id",
         "task",
@@ -34,6 +34,8 @@ class ApprovalRequestAdmin(ReadOnlyMixin, RequestModelAdmin):
     list_filter = ("status", "action", "approver_group")
     search_fields = ("task__idempotency_key", "requested_by", "decided_by")
     list_select_related = ("task",)
+    # Shown redacted (free text): no lookup of the query string compares it.
+    redacted_text_fields = ("comment",)
     # The draft and the comment came from handlers and people: shown redacted.
     readonly_fields = tuple(
         {"draft": "draft_shown", "comment": "comment_shown"}.get(field.name, field.name)

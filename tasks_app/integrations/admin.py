@@ -27,6 +27,7 @@ from tasks_app.integrations.admin_parts import (
     OPERATOR_ACTIONS,
     OperatorAction,
     QueueFilter,
+    RedactedLookupsRefused,
     WorkflowFilter,
     conflict_message,
     event_rows,
@@ -92,7 +93,7 @@ class StepInline(ReadOnlyMixin, TabularInline):
 
 
 @admin.register(Task)
-class TaskAdmin(ReadOnlyMixin, TaskModelAdmin):
+class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
     list_display = (
         "id",
         "workflow",

@@ -1,17 +1,20 @@
-"""The task admin's parts: changelist filters, the operator actions it offers, and the
-escaped HTML its read-only pages show, with what producers and people wrote redacted
-(``tasks_app.operations.redaction``)."""
+"""The task admin's parts: changelist filters (and the lookups refused), the operator
+actions it offers, and the escaped HTML its read-only pages show, with what producers and
+people wrote redacted (``tasks_app.operations.redaction``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib import admin
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.core.exceptions import FieldDoesNotExist
+from django.db.models import JSONField, QuerySet
+from django.db.models.constants import LOOKUP_SEP
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -49,6 +52,65 @@ class QueueFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
         return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:
+    _ModelAdmin = object
+
+# What a changelist's query string holds besides lookups (django.contrib.admin.views.main).
+ADMIN_PARAMETERS = frozenset({"q", "o", "p", "e", "all", "_popup", "_to_field", "_facets"})
+
+
+class RedactedLookupsRefused(_ModelAdmin):
+    """A changelist refuses (400, naming the lookup and the rule) a query-string lookup into
+    a field it shows redacted: a JSON field (``?payload__api_token=…``,
+    ``?draft__icontains=…``) or one of ``redacted_text_fields``, here or through a relation.
+    Django's admin takes any lookup on a field of the model from the query string; whether
+    a row was listed would confirm a guess of a secret. The admin offers no such filter."""
+
+    redacted_text_fields: tuple[str, ...] = ()
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        for lookup in request.GET:
+            if lookup not in ADMIN_PARAMETERS and self._reads_redacted(lookup):
+                return render(
+                    request,
+                    "admin/refused_filter.html",
+                    {
+                        **self.admin_site.each_context(request),
+                        "title": "The filter cannot be used",
+                        "message": f"{lookup}: {REDACTED_LOOKUP_RULE}.",
+                    },
+                    status=400,
+                )
+        return super().changelist_view(request, extra_context)
+
+    def _reads_redacted(self, lookup: str) -> bool:
+        model: Any = self.model
+        for part in lookup.split(LOOKUP_SEP):
+            try:
+                field = model._meta.get_field(part)
+            except FieldDoesNotExist:
+                return False
+            if isinstance(field, JSONField) or (
+                model is self.model and field.name in self.redacted_text_fields
+            ):
+                return True
+            if field.related_model is None:
+                return False
+            model = field.related_model
+        return False
+
+
+REDACTED_LOOKUP_RULE = (
+    "the admin filters no field it shows redacted (REDACT_KEY_PATTERNS), since whether a "
+    "row is listed would confirm a guess of a secret; the console's task list filters a "
+    "payload field that is not a secret"
+)
 
 
 # --- operator actions --------------------------------------------------------------------------

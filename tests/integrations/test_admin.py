@@ -515,6 +515,33 @@ def test_an_approval_request_page_shows_no_secret_of_its_draft_or_comment(
         assert secret not in page, secret
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("changelist", "lookup", "guess"),
+    [
+        (CHANGELIST_URL, "payload__api_token", "right"),
+        (CHANGELIST_URL, "payload__api_token__startswith", "r"),
+        (CHANGELIST_URL, "payload__icontains", 'api_token": "r'),
+        ("admin:approvals_approvalrequest_changelist", "draft__password", "hunter2"),
+        ("admin:approvals_approvalrequest_changelist", "comment__icontains", "password=hunt"),
+        ("admin:approvals_approvalrequest_changelist", "task__payload__api_token", "right"),
+    ],
+)
+def test_the_changelists_refuse_a_lookup_into_what_they_show_redacted(
+    admin_client_logged_in: Client, changelist: str, lookup: str, guess: str
+) -> None:
+    task = services.enqueue("demo.noop", {"api_token": "right"}).task
+    request = pending_request(advance(article()))
+    ApprovalRequest.objects.filter(pk=request.pk).update(
+        draft={"title": "Launch", "password": "hunter2"}, comment="use password=hunter2"
+    )
+    response = admin_client_logged_in.get(reverse(changelist), {lookup: guess})
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert f"{lookup}: the admin filters no field it shows redacted" in page
+    assert f"/{task.pk}/change/" not in page and f"/{request.pk}/change/" not in page
+
+
 # --- the changelist and the way to the console and back ---------------------------------------
 
 
