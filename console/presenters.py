@@ -16,6 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from tasks_app import exceptions
+from tasks_app.models.json_columns import is_undecodable
 from tasks_app.operations import redaction
 from tasks_app.operations.durations import short_duration as short_duration
 from tasks_app.operations.redaction import REDACTED as REDACTED
@@ -56,7 +57,10 @@ def restore_redacted(edited: Any, original: Any) -> Any:
 
 
 def pretty_json(value: Any) -> str:
-    """Redacted, indented JSON for a ``<pre>`` block."""
+    """Redacted, indented JSON for a ``<pre>`` block; for a stored value Python cannot decode
+    (``tasks_app.models.json_columns``), a note saying so instead of the value."""
+    if is_undecodable(value):
+        return f"(this value {value})"
     return redaction.redacted_json(value)
 
 

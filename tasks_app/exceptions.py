@@ -99,6 +99,11 @@ class EffectNotApplied(RetryableError):
     """The remote definitely did not apply the write (refused before acting)."""
 
 
+class UndecodableValue(PermanentError):
+    """A stored JSON value a step needs cannot be decoded (``models.json_columns``): no
+    attempt can run it, so its step is dead-lettered as :data:`UNDECODABLE_PAYLOAD`."""
+
+
 class RemoteRefused(PermanentError):
     """The remote refused the write for good (a 4xx): it did not happen, and retrying with
     the same request cannot help."""
@@ -112,6 +117,10 @@ LEASE_EXPIRED = "lease_expired"
 # workflow version registered (a rolling deploy): it waits for a worker that does, for
 # ``TASKS_VERSION_WAIT_SECONDS``, then is dead-lettered as ``incompatible_version``.
 AWAITING_VERSION = "awaiting_version"  # models.AWAITING_VERSION_Q restates it
+# The ``error_class`` of a step whose row holds a JSON value no Python process can decode
+# (nested past the decoder's recursion limit, stored by SQL): no attempt can run it, so it
+# is dead-lettered where a worker or the sweeper meets it (``tasks_app.models.json_columns``).
+UNDECODABLE_PAYLOAD = "undecodable_payload"
 
 
 def error_class(exc: BaseException) -> str:

@@ -16,8 +16,14 @@ from typing import TypeVar, cast
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from tasks_app.exceptions import EffectNotApplied, OutcomeUnknown, RemoteRefused
+from tasks_app.exceptions import (
+    EffectNotApplied,
+    OutcomeUnknown,
+    RemoteRefused,
+    UndecodableValue,
+)
 from tasks_app.models import Effect, Step, StepStatus
+from tasks_app.models.json_columns import is_undecodable
 
 T = TypeVar("T")
 
@@ -50,6 +56,8 @@ class Effects:
         key = self.key(name)
         existing = Effect.objects.filter(key=key).first()
         if existing is not None and existing.status == Effect.Status.DONE:
+            if is_undecodable(existing.result):
+                raise UndecodableValue(f"the recorded result of effect {key} {existing.result}")
             return cast("T", existing.result)
         if existing is not None and not idempotent_remote:
             raise OutcomeUnknown(f"effect {key} was started and has no recorded result")

@@ -24,14 +24,17 @@ from tasks_app.engine.lease_keeper import lease_keeper
 from tasks_app.engine.transitions import leads_to_approval
 from tasks_app.exceptions import (
     AWAITING_VERSION,
+    UNDECODABLE_PAYLOAD,
     InvalidInput,
     OutcomeUnknown,
     PermanentError,
+    UndecodableValue,
     error_class,
     error_text,
 )
 from tasks_app.models import Step, Task
-from tasks_app.workflows import StepSpec, registry
+from tasks_app.models.json_columns import first_undecodable
+from tasks_app.workflows import StepContext, StepSpec, registry
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +150,10 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
     ctx = services.step_context(
         task, step, attempt=claim.attempt, token=claim.token, timeout=spec.timeout
     )
+    unreadable = _undecodable_input(ctx)
+    if unreadable is not None:
+        _dead(claim, UNDECODABLE_PAYLOAD, unreadable, UNDECODABLE_PAYLOAD)
+        return _RECORDED
     lease_keeper.started(claim, ctx, spec.timeout)
     try:
         result = spec.handler(ctx)
@@ -158,6 +165,8 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
         )
     except OutcomeUnknown as exc:
         _dead(claim, error_class(exc), error_text(exc), "outcome_unknown")
+    except UndecodableValue as exc:
+        _dead(claim, UNDECODABLE_PAYLOAD, str(exc), UNDECODABLE_PAYLOAD)
     except PERMANENT as exc:
         _dead(claim, error_class(exc), error_text(exc), "permanent_error")
     except Exception as exc:
@@ -170,6 +179,19 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
         else:
             return result
     return _RECORDED
+
+
+def _undecodable_input(ctx: StepContext) -> str | None:
+    """What of a handler's input cannot be decoded (``models.json_columns``), said for the
+    step's error; None when all of it can. Such a step is dead-lettered before its handler
+    runs: no attempt could read what it needs."""
+    return first_undecodable(
+        {
+            f"payload of task {ctx.task_id}": ctx.payload,
+            f"change request of step {ctx.step_id}": ctx.change_request,
+            **{f"result of step {kind!r}": result for kind, result in ctx.results.items()},
+        }
+    )
 
 
 def _await_version(claim: services.Claim, task: Task) -> None:

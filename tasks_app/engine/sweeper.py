@@ -23,8 +23,9 @@ from tasks_app.engine.transitions import (
     release_lease,
     try_lock_task,
 )
-from tasks_app.exceptions import LEASE_EXPIRED
+from tasks_app.exceptions import LEASE_EXPIRED, UNDECODABLE_PAYLOAD
 from tasks_app.models import EventKind, Lease, Step, StepStatus
+from tasks_app.models.json_columns import first_undecodable
 from tasks_app.observability import presence, workflow_samples
 from tasks_app.operations import retention
 
@@ -70,7 +71,9 @@ def sweep(*, limit: int = 500) -> SweepReport:
     The sweeper never waits on a row another transaction holds (``tasks_app.db.lock_conflicts``):
     it skips such rows and comes back to them next time, and each part runs under
     ``TASKS_SWEEPER_LOCK_TIMEOUT_MS``, so one part stopped by a held lock leaves the others
-    to run. A part that fails otherwise (the database gone) fails the sweep.
+    to run. A part that fails on anything but the database (a row it cannot process) is
+    logged and leaves the others to run too; a part that fails on the database (gone)
+    fails the sweep.
     """
     with lock_wait(settings.TASKS_SWEEPER_LOCK_TIMEOUT_MS):
         reaped = _part("reap", reap_expired_leases, limit)
@@ -90,6 +93,11 @@ def _part(name: str, work: SweepJob, limit: int) -> int:
             raise
         logger.warning("sweep: %s waited too long for a lock (%s); next sweep", name, exc)
         return 0
+    except Exception:
+        # One row a part cannot process (a value no decoder reads) must not stop the
+        # sweeper for everyone: the other parts run, and this one runs again next sweep.
+        logger.exception("sweep: %s failed; the other parts run, and it again next sweep", name)
+        return 0
 
 
 def reap_expired_leases(limit: int = 500) -> int:
@@ -105,51 +113,75 @@ def reap_expired_leases(limit: int = 500) -> int:
     )
     reaped = 0
     for step_id, task_id, token in expired:
-        with transaction.atomic():
-            task = try_lock_task(task_id)
-            if task is None:
-                continue
-            # Re-checked under the lock: the worker may have finished or renewed meanwhile.
-            step = (
-                Step.objects.select_for_update(skip_locked=True)
-                .filter(
-                    pk=step_id,
-                    status=StepStatus.RUNNING,
-                    fencing_token=token,
-                    lease_expires_at__lt=Now(),
-                )
-                .first()
-            )
-            if step is None:
-                continue
-            release_lease(step, token, Lease.Outcome.EXPIRED)
-            step.lease_expires_at = None
-            now = db_now()
-            step.status = outcome = next_status(task, step, may_retry=True)
-            if step.status == StepStatus.PENDING:
-                step.available_at = step.dispatched_at = now
-            else:
-                step.finished_at = now
-            if outcome != StepStatus.CANCELLED:
-                step.error_class = LEASE_EXPIRED
-                step.last_error = f"lease of token {token} expired on attempt {step.attempts}"
-            step.save()
-            finish_attempt(
-                task,
-                step,
-                EventKind.LEASE_EXPIRED,
-                actor=SWEEPER,
-                ended_by=SWEEPER,
-                ending_reason=LEASE_EXPIRED
-                if step.status == StepStatus.DEAD
-                else "cancel requested while the step ran; its lease expired",
-                token=token,
-                outcome=str(outcome),
-            )
-            if step.status == StepStatus.PENDING:
-                ring_on_commit([Doorbell(step.pk, step.queue)])
-            reaped += 1
+        try:
+            reaped += _reap(step_id, task_id, token)
+        except DatabaseError:
+            raise
+        except Exception:
+            # A row that cannot be processed is skipped, by id, in this sweep (it has
+            # rolled back): the other expired leases are still reaped.
+            logger.exception("sweep: step %s could not be reaped; left for the next sweep", step_id)
     return reaped
+
+
+def _reap(step_id: int, task_id: int, token: int) -> int:
+    """Reap one expired lease (1), or leave it (0) when its task or step is held or it is
+    no longer expired. A step whose payload or change request cannot be decoded
+    (``models.json_columns``) is dead-lettered as ``undecodable_payload``, not tried again:
+    no attempt could read it."""
+    with transaction.atomic():
+        task = try_lock_task(task_id)
+        if task is None:
+            return 0
+        # Re-checked under the lock: the worker may have finished or renewed meanwhile.
+        step = (
+            Step.objects.select_for_update(skip_locked=True)
+            .filter(
+                pk=step_id,
+                status=StepStatus.RUNNING,
+                fencing_token=token,
+                lease_expires_at__lt=Now(),
+            )
+            .first()
+        )
+        if step is None:
+            return 0
+        unreadable = first_undecodable(
+            {
+                f"payload of task {task.pk}": task.payload,
+                f"change request of step {step.pk}": step.change_request,
+            }
+        )
+        release_lease(step, token, Lease.Outcome.EXPIRED)
+        step.lease_expires_at = None
+        now = db_now()
+        step.status = outcome = next_status(task, step, may_retry=unreadable is None)
+        if step.status == StepStatus.PENDING:
+            step.available_at = step.dispatched_at = now
+        else:
+            step.finished_at = now
+        expired = f"lease of token {token} expired on attempt {step.attempts}"
+        if outcome == StepStatus.DEAD and unreadable is not None:
+            step.error_class, step.last_error = UNDECODABLE_PAYLOAD, f"{unreadable}; {expired}"
+        elif outcome != StepStatus.CANCELLED:
+            step.error_class, step.last_error = LEASE_EXPIRED, expired
+        step.save()
+        ending = LEASE_EXPIRED if unreadable is None else UNDECODABLE_PAYLOAD
+        finish_attempt(
+            task,
+            step,
+            EventKind.LEASE_EXPIRED,
+            actor=SWEEPER,
+            ended_by=SWEEPER,
+            ending_reason=ending
+            if step.status == StepStatus.DEAD
+            else "cancel requested while the step ran; its lease expired",
+            token=token,
+            outcome=str(outcome),
+        )
+        if step.status == StepStatus.PENDING:
+            ring_on_commit([Doorbell(step.pk, step.queue)])
+        return 1
 
 
 def redispatch_due(limit: int = 500) -> int:

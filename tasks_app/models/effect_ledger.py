@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from tasks_app.models.json_columns import TolerantJSONField
 from tasks_app.models.work import Step
 
 
@@ -20,7 +21,7 @@ class Effect(models.Model):
     # The claim that started the call.
     token = models.PositiveBigIntegerField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.STARTED)
-    result = models.JSONField(null=True, blank=True)
+    result = TolerantJSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -13,6 +13,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from tasks_app.engine.fingerprints import fingerprint
+from tasks_app.models.json_columns import TolerantJSONField
 from tasks_app.validation import MAX_PRIORITY, MIN_PRIORITY
 
 
@@ -55,7 +56,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
 class Task(models.Model):
     workflow = models.CharField(max_length=100)
     workflow_version = models.PositiveIntegerField()
-    payload = models.JSONField()
+    payload = TolerantJSONField()
     # SHA-256 of workflow name + canonical payload at enqueue: the task's identity. It does
     # not change when a redrive edits the payload (the ``redriven`` event keeps both).
     payload_hash = models.CharField(max_length=64)
@@ -214,7 +215,7 @@ class Step(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # When a doorbell was last sent for this step; throttles the sweeper's re-dispatch.
     dispatched_at = models.DateTimeField(null=True, blank=True)
-    result = models.JSONField(null=True, blank=True)
+    result = TolerantJSONField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     error_class = models.CharField(max_length=200, blank=True)
     # The cause of the step's death (``tasks_app.engine.fingerprints``) and its task's workflow,
@@ -226,7 +227,7 @@ class Step(models.Model):
     dead_workflow = models.CharField(max_length=100, blank=True, default="", db_default="")
     # Set on the first row of a revision: the reviewer's comment and the draft it replaces,
     # for the handler that writes the next draft.
-    change_request = models.JSONField(null=True, blank=True)
+    change_request = TolerantJSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

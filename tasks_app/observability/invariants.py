@@ -12,6 +12,9 @@ Each check names something that never holds in a healthy system, however busy:
   person resolves it): nothing will ever settle its outcome;
 - ``approval``: a pending approval request past its expiry, by more than the sweeper's
   grace (the sweeper expires them);
+- ``undecodable``: a task's payload, or a step's result or change request, that Python
+  cannot decode (``tasks_app.models.json_columns``; stored by SQL, nested past the decoder's
+  recursion limit): its task, step and column are named;
 - ``enqueued``: a task whose history does not start with ``enqueued``;
 - ``fencing``: a step's ``claimed`` events whose tokens do not strictly increase, or a
   step whose stored ``fencing_token`` is below a token one of its events names;
@@ -54,6 +57,7 @@ from tasks_app.models import (
     StepStatus,
     Task,
 )
+from tasks_app.models.json_columns import is_undecodable
 from tasks_app.observability.history_checks import EventRow, history_findings
 from tasks_app.observability.history_checks import Finding as Finding
 
@@ -146,13 +150,22 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
     """The ``history``, ``dead_letter`` and ``effect`` checks of the tasks ``ids``, and
     those of :mod:`tasks_app.observability.history_checks` (``enqueued``, ``fencing``, ``claim``,
     ``terminal``)."""
-    statuses = dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
+    statuses: dict[int, str] = {}
+    findings: list[Finding] = []
+    for pk, status, payload in Task.objects.filter(pk__in=ids).values_list(
+        "pk", "status", "payload"
+    ):
+        statuses[pk] = status
+        findings += _undecodable(pk, None, {"payload": payload})
     steps: dict[int, dict[int, StepState]] = {pk: {} for pk in statuses}
-    for pk, task_id, status, attempts, token in Step.objects.filter(task_id__in=ids).values_list(
-        "pk", "task_id", "status", "attempts", "fencing_token"
+    for pk, task_id, status, attempts, token, result, change in Step.objects.filter(
+        task_id__in=ids
+    ).values_list(
+        "pk", "task_id", "status", "attempts", "fencing_token", "result", "change_request"
     ):
         if task_id in steps:
             steps[task_id][pk] = StepState(status, attempts, token)
+            findings += _undecodable(task_id, pk, {"result": result, "change_request": change})
     events: dict[int, list[EventRow]] = {pk: [] for pk in statuses}
     for pk, owner, step_id, kind, data in (
         Event.objects.filter(task_id__in=ids)
@@ -162,7 +175,6 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         if owner in events:  # not a task pruned since the ids were read
             events[owner].append(EventRow(pk, step_id, kind, data or {}))
 
-    findings: list[Finding] = []
     for task_id, status in statuses.items():
         stored = TaskState(status=status, steps=steps[task_id])
         folded = fold_events((event.kind, event.data) for event in events[task_id])
@@ -178,6 +190,16 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
     ]
     findings += orphaned_effects(settled_by_nobody, now)
     return findings
+
+
+def _undecodable(task_id: int, step_id: int | None, columns: dict[str, object]) -> list[Finding]:
+    """A finding for each of a row's JSON ``columns`` that Python cannot decode."""
+    row = f"task {task_id}" if step_id is None else f"step {step_id}"
+    return [
+        Finding("undecodable", task_id, f"column {column} of {row} {value}")
+        for column, value in columns.items()
+        if is_undecodable(value)
+    ]
 
 
 def _difference(stored: TaskState, folded: TaskState) -> str:

@@ -28,6 +28,7 @@ from tasks_app.engine.transitions import (
 from tasks_app.engine.waiting import open_approval_step
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.models import Effect, EventKind, QueueState, Step, StepStatus, Task
+from tasks_app.models.json_columns import described
 from tasks_app.operations.task_actions import ACTIONS, Action, refusal
 from tasks_app.signals import steps_cancelled
 from tasks_app.workflows import registry
@@ -101,7 +102,10 @@ def redrive(
             _run_again(step, now)
         data: dict[str, Any] = _plan_data(plan)
         if canonical is not None:
-            data.update(old_payload=locked.payload, new_payload=json.loads(canonical))
+            # An undecodable old payload is kept as a note saying so: the event stays
+            # decodable (an edit is how a person mends such a task).
+            old = described(locked.payload)
+            data.update(old_payload=old, new_payload=json.loads(canonical))
             locked.payload = data["new_payload"]
             locked.save(update_fields=["payload", "updated_at"])
         settle_and_record(

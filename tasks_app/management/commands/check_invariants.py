@@ -39,7 +39,8 @@ class Command(OperatorCommand):
         "will settle (effect), approvals past their expiry (approval), histories that do not "
         "start with enqueued (enqueued), fencing tokens that do not rise or exceed the "
         "step's (fencing), claims with no outcome while the step no longer runs on them "
-        "(claim), runs ended twice without a redrive or resolve between (terminal). One "
+        "(claim), runs ended twice without a redrive or resolve between (terminal), "
+        "payloads, results or change requests Python cannot decode (undecodable). One "
         "line per finding; exit status 1 if there is any, else 0. By default it checks the "
         "active tasks and those created or finished in the last 24 h."
     )
