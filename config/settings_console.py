@@ -47,6 +47,9 @@ REDACT_KEY_PATTERNS += [
 # How long a bulk action's preview (its plan) may be confirmed.
 CONSOLE_BULK_PLAN_SECONDS = env_int("CONSOLE_BULK_PLAN_SECONDS", 900)
 CONSOLE_PAGE_SIZE = env_int("CONSOLE_PAGE_SIZE", 50)
+# Each user's reads (pages, htmx regions, the admin's pages) a minute, counted in the cache;
+# past it, 429 with Retry-After until the minute ends (console/throttle.py). 0: no limit.
+CONSOLE_READS_PER_MINUTE = env_int("CONSOLE_READS_PER_MINUTE", 300, minimum=0)
 
 # --- mail: the approvals' notices (approvals.notices) ----------------------------------
 

@@ -78,6 +78,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Each user's reads a minute, limited (CONSOLE_READS_PER_MINUTE): after the user and
+    # htmx are known, before any view reads the database.
+    "console.throttle.ReadLimitMiddleware",
     # A refused or missing object answers with the console's page, DEBUG or not.
     "console.errors.RefusalMiddleware",
     # Last, as axes asks: turns a login refused for a lockout into its answer.

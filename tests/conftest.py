@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -242,6 +243,19 @@ def _clean_broker_keys() -> Iterator[None]:
     yield
     if BROKER_PREFIX and getattr(settings, "REDIS_URL", ""):
         BrokerView().purge()
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_keys(settings: Any) -> None:
+    """Each test counts in the cache afresh (each user's reads, the bulk plans applied):
+    under a key prefix of its own in this run's Redis, since user ids repeat from test to
+    test."""
+    default = settings.CACHES["default"]
+    prefix = f"{default.get('KEY_PREFIX', '')}:{uuid.uuid4().hex}"
+    settings.CACHES = {**settings.CACHES, "default": {**default, "KEY_PREFIX": prefix}}
 
 
 # --- the history check ------------------------------------------------------------------------
