@@ -64,6 +64,8 @@ MIDDLEWARE = [
     "console.addresses.ForwardedProtoMiddleware",
     # /healthz and /readyz, before the host check and the HTTPS redirect.
     "tasks_app.observability.probes.ProbeMiddleware",
+    # Every statement of a request under the web's short deadline (TASKS_WEB_STATEMENT_TIMEOUT_MS).
+    "tasks_app.db.deadlines.WebDeadlineMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Every answer past the static files is dynamic: Cache-Control no-store.
@@ -138,6 +140,10 @@ TASKS_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS = env_int(
     "TASKS_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 60_000, minimum=0
 )
 TASKS_DB_CLIENT_GRACE_SECONDS = env_int("TASKS_DB_CLIENT_GRACE_SECONDS", 5)
+# A web request's statements wait this long at most (0: as every session), and are cut on
+# the client side this plus the grace after they were sent: a hung or locked database
+# answers a page 503 in seconds and frees its thread (tasks_app.db.deadlines).
+TASKS_WEB_STATEMENT_TIMEOUT_MS = env_int("TASKS_WEB_STATEMENT_TIMEOUT_MS", 5_000, minimum=0)
 # A connection is kept this long (CONN_MAX_AGE), and a worker process idle this long gives
 # its connections back (tasks_app.db.idle_connections).
 TASKS_DB_CONN_MAX_AGE_SECONDS = env_int("TASKS_DB_CONN_MAX_AGE_SECONDS", 60, minimum=0)
@@ -150,7 +156,12 @@ TASKS_MIGRATION_LOCK_ATTEMPTS = env_int("TASKS_MIGRATION_LOCK_ATTEMPTS", 10)
 TASKS_SWEEPER_LOCK_TIMEOUT_MS = env_int("TASKS_SWEEPER_LOCK_TIMEOUT_MS", 1_000)
 if DATABASE_URL:
     DATABASES = {
-        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=TASKS_DB_CONN_MAX_AGE_SECONDS)
+        # A kept connection is tried (SELECT 1, bounded) before its first use in each
+        # request or task: one the server dropped (a restart, a failover) is replaced
+        # there instead of failing the request.
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=TASKS_DB_CONN_MAX_AGE_SECONDS, conn_health_checks=True
+        )
     }
     if PRODUCTION and DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         # The database's clock, the event history's append-only trigger and the hot

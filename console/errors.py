@@ -1,6 +1,9 @@
 """What a refused or failed request renders: the project's error pages (``handler400``,
 ``handler403``, ``handler404``, ``handler500``), and the one log line of a refused write.
 
+A request the database failed (it did not answer in time, or its connection was cut)
+answers 503 with a page built without the database (``database_unavailable``).
+
 A refusal shows only its reason, never the object it refused: a full page with the
 console's layout for a plain request, and for an htmx request a notice that htmx puts in
 the page's message region (``#messages``, on every page) and scrolls into view, so the
@@ -10,12 +13,15 @@ form the person used stays as it was and no bare fragment replaces the document.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.loader import render_to_string
+from django.utils.html import format_html
 from django_htmx.http import retarget
 
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
@@ -131,7 +137,53 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
     return error_response(request, 404, "There is nothing at this address.")
 
 
+# What the database failures a request can meet have in common: the server did not answer
+# in time (the web deadline, a lock wait, a connect timeout, a connection cut).
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+RETRY_AFTER_SECONDS = 5
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
-    return error_response(
-        request, 500, "The console could not answer; the error is in the server's log."
+    """A 503 that touches nothing when the database is what failed (the request's session,
+    user and the context processors would each wait on it again); else the console's 500
+    page, or the plain one when even that cannot be rendered."""
+    failure = sys.exc_info()[1]
+    if isinstance(failure, DATABASE_UNAVAILABLE):
+        return database_unavailable(request)
+    try:
+        return error_response(
+            request, 500, "The console could not answer; the error is in the server's log."
+        )
+    except Exception:  # the page itself failed: the plain one needs nothing
+        return plain_error(request, 500, TITLES[500], "The error is in the server's log.")
+
+
+def database_unavailable(request: HttpRequest) -> HttpResponse:
+    response = plain_error(
+        request,
+        503,
+        "The database is not answering",
+        "The console could not read or write its records in time. Try again in a moment.",
     )
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+def plain_error(request: HttpRequest, status: int, title: str, message: str) -> HttpResponse:
+    """An error page built from nothing but its words: no template, no session, no user, no
+    query; for htmx the notice alone, in the page's message region."""
+    if request.headers.get("HX-Request") == "true":
+        notice = format_html(
+            '<p class="notice error" role="alert"><strong>{}.</strong> {}</p>', title, message
+        )
+        response = retarget(HttpResponse(notice, status=status), "#messages")
+        response["HX-Reswap"] = "innerHTML show:top"
+        return response
+    page = format_html(
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{}</title></head>'
+        "<body><h1>{}</h1><p>{}</p></body></html>",
+        title,
+        title,
+        message,
+    )
+    return HttpResponse(page, status=status)

@@ -13,11 +13,21 @@ as the release step's migrations run) nothing is bounded.
 The database backend ``tasks_app.db.pg_backend`` puts every statement, commit and rollback
 under :func:`bounded`; raw psycopg cursors on Django's connection (``tasks_app.engine.fastpath``)
 use it too.
+
+A web request has a shorter deadline of its own, ``TASKS_WEB_STATEMENT_TIMEOUT_MS``
+(:class:`WebDeadlineMiddleware`): a person waits for the page, and a thread held for the
+whole statement timeout is one the other requests (and the probes) wait behind. While a
+request is served, :func:`statement_timeout_ms` is that deadline, the backend gives the
+server the same ``statement_timeout`` before the request's first statement, and the
+client-side cut comes that much sooner too. A connection's health check (``SELECT 1``, as
+``CONN_HEALTH_CHECKS`` asks at the first use in each request) is bounded by the connect
+timeout: it answers as fast as a connect does, or the server is not answering.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import logging
 import os
@@ -30,6 +40,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.http import HttpRequest, HttpResponse
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +48,62 @@ logger = logging.getLogger(__name__)
 CHECK_SECONDS = 0.5
 
 
+# The statement timeout of the web request this thread (or task) serves; None outside one.
+_web_request_ms: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "web_request_statement_timeout_ms", default=None
+)
+
+
+def statement_timeout_ms() -> int:
+    """The statement timeout in force here: a web request's own, else every session's (0:
+    none)."""
+    web = _web_request_ms.get()
+    return settings.TASKS_DB_STATEMENT_TIMEOUT_MS if web is None else web
+
+
+def web_request_timeout_ms() -> int | None:
+    """The statement timeout the request being served asked for; None outside a request
+    (the session keeps the one it connected with)."""
+    return _web_request_ms.get()
+
+
 def limit_seconds() -> float | None:
     """How long a statement may go unanswered before its connection is cut; None: no
     bound (the statement timeout is off)."""
-    if not settings.TASKS_DB_STATEMENT_TIMEOUT_MS:
+    timeout_ms = statement_timeout_ms()
+    if not timeout_ms:
         return None
-    return settings.TASKS_DB_STATEMENT_TIMEOUT_MS / 1000 + settings.TASKS_DB_CLIENT_GRACE_SECONDS
+    return timeout_ms / 1000 + settings.TASKS_DB_CLIENT_GRACE_SECONDS
+
+
+def health_check_seconds() -> float:
+    """How long a connection's health check may go unanswered."""
+    return float(settings.TASKS_DB_CONNECT_TIMEOUT_SECONDS)
+
+
+@contextmanager
+def serving_web_request() -> Iterator[None]:
+    """The enclosed statements under the web requests' deadline
+    (``TASKS_WEB_STATEMENT_TIMEOUT_MS``; 0: every session's)."""
+    web_ms = settings.TASKS_WEB_STATEMENT_TIMEOUT_MS
+    token = _web_request_ms.set(web_ms or None)
+    try:
+        yield
+    finally:
+        _web_request_ms.reset(token)
+
+
+class WebDeadlineMiddleware:
+    """Every request's statements under the web requests' deadline: a hung or locked
+    database answers a page in seconds (``console.errors`` turns the failure into a 503)
+    and frees its thread."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with serving_web_request():
+            return self.get_response(request)
 
 
 class Watchdog:
@@ -100,10 +161,11 @@ watchdog = Watchdog()
 
 
 @contextmanager
-def bounded(raw_connection: Any) -> Iterator[None]:
+def bounded(raw_connection: Any, seconds: float | None = None) -> Iterator[None]:
     """Run the enclosed round trip on ``raw_connection`` (a psycopg connection) under the
-    client-side deadline."""
-    seconds = limit_seconds()
+    client-side deadline (or within ``seconds``)."""
+    if seconds is None:
+        seconds = limit_seconds()
     if seconds is None or raw_connection is None or raw_connection.closed:
         yield
         return
