@@ -5,17 +5,20 @@ The plan travels in the confirm form as a signed token (``django.core.signing``,
 for this use, bound to the user who previewed it, valid for ``CONSOLE_BULK_PLAN_SECONDS``).
 Confirming checks the token and that the form still asks for the same filter, action and
 limit; any difference asks for a new preview. Each event the action writes carries the
-plan's id.
+plan's id. A plan is applied once: a second confirm of it is refused (409) and changes
+nothing, even while its token is still valid.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from typing import Any
 
 from django.conf import settings
 from django.core import signing
+from django.core.cache import cache
 
 from tasks_app import services
 from tasks_app.models import Task
@@ -25,9 +28,15 @@ from tasks_app.operations.task_actions import ACTIONS
 
 SALT = "console.bulk-plan"
 
+logger = logging.getLogger(__name__)
+
 
 class PlanRefused(Exception):
     """The confirm does not match a valid plan; the message says why."""
+
+
+class PlanApplied(PlanRefused):
+    """The plan was applied already: a plan is applied once."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,11 @@ class BulkPlan:
     def apply(self, *, actor: services.Actor, reason: str) -> services.BulkReport:
         """The plan's action on its tasks that are still dead letters matching its filter,
         through the bulk service (one transaction and one event, with the plan's id, per
-        task); the others are skipped and reported, and no other task is touched."""
+        task); the others are skipped and reported, and no other task is touched. Once:
+        a refusal (a reason missing) leaves the plan to confirm again, an application
+        spends it (:meth:`spend`)."""
+        services.check_bulk(self.action, actor=actor, reason=reason, limit=self.limit)
+        self.spend()
         qualifying = set(
             listings.dead_tasks(self.filters).filter(pk__in=self.ids).values_list("pk", flat=True)
         )
@@ -123,3 +136,20 @@ class BulkPlan:
             if pk not in qualifying
         ]
         return replace(report, skipped=[*gone, *report.skipped], limited=self.limited)
+
+    def spend(self) -> None:
+        """Mark the plan applied, or raise :class:`PlanApplied` if it was. Its mark in the
+        cache decides between confirms at the same moment (``add`` is atomic, and it
+        outlives the token's validity); the events carrying its id are the record that
+        needs no cache, for when the mark was lost."""
+        try:
+            first = cache.add(
+                f"{SALT}:applied:{self.id}",
+                self.user_id,
+                timeout=settings.CONSOLE_BULK_PLAN_SECONDS + 60,
+            )
+        except Exception:
+            logger.warning("bulk plan %s: the cache cannot be reached", self.id, exc_info=True)
+            first = True
+        if not first or listings.audit_events(listings.AuditFilter(plan=self.id)).exists():
+            raise PlanApplied("this preview was already confirmed and applied")

@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from tasks_app import services
+from tasks_app.engine import runner
 from tasks_app.models import Event, Step, StepStatus, Task, TaskStatus
 from tests.console_support import HTMX, body, confirm_bulk, login, plan_of, post_bulk
 from tests.factories import dead_task, unknown_outcome
@@ -243,3 +244,39 @@ def test_a_plain_bulk_post_redirects_to_the_filtered_list_with_a_summary(oncall:
     )
     assert response.redirect_chain == [("/dead/?workflow=demo.flaky", 302)]
     assert "Cancel task: 1 task(s) changed." in body(response)
+
+
+def test_a_confirmed_plan_is_applied_once_and_a_second_confirm_changes_nothing(
+    oncall: User,
+) -> None:
+    tasks = [dead_task({"error": "permanent", "fail_first": 9}) for _ in range(2)]
+    client = login(oncall)
+    plan = plan_of(post_bulk(client))
+    assert post_bulk(client, confirm="1", plan=plan).status_code == 200
+    # Within the plan's fifteen minutes the tasks die again; the same confirm is refused.
+    for task in tasks:
+        runner.run_task_steps(task)
+        task.refresh_from_db()
+        assert task.status == TaskStatus.DEAD
+    redriven = Event.objects.filter(kind="redriven").count()
+    again = post_bulk(client, confirm="1", plan=plan)
+    assert again.status_code == 409
+    assert "Nothing changed: this preview was already confirmed and applied." in body(again)
+    assert Event.objects.filter(kind="redriven").count() == redriven
+    assert {Task.objects.get(pk=t.pk).status for t in tasks} == {TaskStatus.DEAD}
+
+
+def test_a_plan_that_changed_nothing_is_spent_too_and_a_refused_reason_spends_none(
+    oncall: User,
+) -> None:
+    task = dead_task({"error": "permanent", "fail_first": 9})
+    client = login(oncall)
+    plan = plan_of(post_bulk(client, action="cancel"))
+    no_reason = post_bulk(client, action="cancel", reason="", confirm="1", plan=plan)
+    assert no_reason.status_code == 400  # fixing the reason needs no new preview
+    services.redrive(task, actor="cli:someone", reason="fixed")
+    assert post_bulk(client, action="cancel", confirm="1", plan=plan).status_code == 200
+    runner.run_task_steps(task)
+    again = post_bulk(client, action="cancel", confirm="1", plan=plan)
+    assert again.status_code == 409
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
