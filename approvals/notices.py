@@ -43,7 +43,7 @@ from approvals.selectors import inbox
 from approvals.services import DECIDE_PERMISSION, decide_refusal
 from approvals.signals import request_opened
 from tasks_app import services as core
-from tasks_app.exceptions import EffectNotApplied
+from tasks_app.exceptions import EffectNotApplied, RemoteRefused
 from tasks_app.workflows import StepContext
 
 NOTIFY = "approvals.notify"
@@ -159,6 +159,10 @@ def _users(usernames: list[str]) -> list[Any]:
 
 
 def _send_once(ctx: StepContext, user: Any, subject: str, body: str) -> None:
+    # A header is one line: a line break from a draft's title would make the message
+    # impossible to build (no header is ever injected), so the subject is folded.
+    subject = " ".join(subject.split())
+
     def deliver(key: str) -> dict[str, Any]:
         message = EmailMessage(
             subject,
@@ -167,6 +171,13 @@ def _send_once(ctx: StepContext, user: Any, subject: str, body: str) -> None:
             [user.email],
             headers={"X-Task-Console-Notice": key},
         )
+        try:
+            message.message()
+        except ValueError as exc:
+            # Built before anything is handed over (an address with a line break, say):
+            # nothing was sent, and the same message would fail again, so the step is
+            # dead-lettered for on-call as refused, never left with an unknown outcome.
+            raise RemoteRefused(f"mail to {user.email!r} could not be built: {exc}") from exc
         try:
             message.send()
         except (
