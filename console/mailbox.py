@@ -1,6 +1,11 @@
 """The demo's mail, read back: the messages the file mail backend wrote (``MAILERS``'
 default mailer when no SMTP server is set), for the console's Mail page and
-``manage.py mailbox``. In production mail goes out by SMTP and there is nothing here."""
+``manage.py mailbox``. In production mail goes out by SMTP and there is nothing here.
+
+Whose a message is: the approvals' notices name their recipient's username in their
+``X-Task-Console-Notice`` header (the effects ledger's key ``…:mail:<username>``), so the
+Mail page shows a person the notices addressed to them, not every message whose address
+merely reads like theirs."""
 
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ class Mail:
     to: list[str]
     subject: str
     body: str
+    # The username a notice was sent to ("" for other mail).
+    recipient: str = ""
 
 
 def folder() -> Path | None:
@@ -40,8 +47,14 @@ def folder() -> Path | None:
     return Path(mailer.file_path)
 
 
-def messages(*, to: str | None = None, limit: int = 50) -> list[Mail]:
-    """The newest messages first (``to``: only those addressed to that address)."""
+# The effect name of a notice to a user (``approvals.notices``), at the end of the header.
+NOTICE_HEADER = "X-Task-Console-Notice"
+NOTICE_RECIPIENT = ":mail:"
+
+
+def messages(*, to: str | None = None, recipient: str | None = None, limit: int = 50) -> list[Mail]:
+    """The newest messages first (``to``: only those addressed to that address;
+    ``recipient``: only the notices sent to that username)."""
     where = folder()
     if where is None or not where.is_dir():
         return []
@@ -60,6 +73,8 @@ def messages(*, to: str | None = None, limit: int = 50) -> list[Mail]:
     if to is not None:
         wanted = to.lower()
         found = [mail for mail in found if wanted in (address.lower() for address in mail.to)]
+    if recipient is not None:
+        found = [mail for mail in found if mail.recipient == recipient]
     return found[:limit]
 
 
@@ -69,10 +84,12 @@ def _parse(raw: bytes) -> Mail:
     body = message.get_body(preferencelist=("plain",)) if message.is_multipart() else message
     content = body.get_content() if body is not None else ""
     date = message.get("Date")
+    notice = str(message.get(NOTICE_HEADER, ""))
     return Mail(
         sent_at=parsedate_to_datetime(str(date)) if date else None,
         sender=str(message.get("From", "")),
         to=[address for _, address in getaddresses([str(message.get("To", ""))]) if address],
         subject=str(message.get("Subject", "")),
         body=str(content),
+        recipient=notice.rpartition(NOTICE_RECIPIENT)[2] if NOTICE_RECIPIENT in notice else "",
     )

@@ -129,12 +129,17 @@ def audit_export(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpRe
 
 @require_GET
 def mail(request: ConsoleRequest) -> HttpResponse:
-    """The mail the demo sent to the reader (everyone's, for a superuser): only where mail
-    is written to files instead of sent."""
+    """The notices the demo sent to the reader, by their user, not by an address that
+    reads like theirs (everyone's mail, for a superuser): only where mail is written to
+    files instead of sent."""
     if mailbox.folder() is None:
         raise Http404("mail is sent by SMTP here: read it in your mail client")
     user = request.user
     address = getattr(user, "email", "")
-    to = None if user.is_superuser else (address or "-")
-    context = {"mails": mailbox.messages(to=to), "everyone": to is None, "address": address}
+    recipient = None if user.is_superuser else user.get_username()
+    context = {
+        "mails": mailbox.messages(recipient=recipient),
+        "everyone": recipient is None,
+        "address": address,
+    }
     return render_page(request, "console/mail.html", context, partial="results")

@@ -30,8 +30,14 @@ def files(settings: Any, tmp_path: Path) -> Path:
     return tmp_path
 
 
-def send(to: str, subject: str, body: str) -> None:
-    EmailMessage(subject, body, "console@example.com", [to]).send()
+def send(to: str, subject: str, body: str, *, notice_to: User | None = None) -> None:
+    """A message to ``to``; with ``notice_to``, an approvals notice to that user, its
+    header naming them as ``approvals.notices`` does."""
+    headers = {}
+    if notice_to is not None:
+        key = f"approvals:notify:1:opened:0:send:mail:{notice_to.get_username()}"
+        headers["X-Task-Console-Notice"] = key
+    EmailMessage(subject, body, "console@example.com", [to], headers=headers).send()
 
 
 @pytest.mark.django_db
@@ -45,8 +51,14 @@ def test_the_mail_page_shows_the_reader_their_own_mail_and_a_superuser_everyone_
         editor.email,
         "Review #1 waits for you",
         "“Launch day” expires in 1\xa0day\nhttp://x/approvals/1/",
+        notice_to=editor,
     )
-    send(other_editor.email, "Review #2 waits for you", "for the other editor")
+    send(
+        other_editor.email,
+        "Review #2 waits for you",
+        "for the other editor",
+        notice_to=other_editor,
+    )
 
     mine = login(editor).get(reverse("console:mail"))
     page = mine.content.decode()
@@ -58,6 +70,25 @@ def test_the_mail_page_shows_the_reader_their_own_mail_and_a_superuser_everyone_
     assert "Review #1 waits for you" in everyone and "Review #2 waits for you" in everyone
     # The nav offers the page only where mail is written to files.
     assert 'href="/mail/"' in page
+
+
+@pytest.mark.django_db
+def test_the_mail_page_shows_the_notices_addressed_to_the_reader_not_to_a_lookalike_address(
+    files: Path, editor: User, other_editor: User
+) -> None:
+    # Two accounts whose addresses differ only in case: each reads only their own notices.
+    User.objects.filter(pk=editor.pk).update(email="Desk@newsroom.example")
+    User.objects.filter(pk=other_editor.pk).update(email="desk@newsroom.example")
+    send("Desk@newsroom.example", "Review #1 for edith", "one", notice_to=editor)
+    send("desk@newsroom.example", "Review #2 for eddie", "two", notice_to=other_editor)
+    send("desk@newsroom.example", "Not a notice", "three")
+
+    edith = login(editor).get(reverse("console:mail")).content.decode()
+    eddie = login(other_editor).get(reverse("console:mail")).content.decode()
+
+    assert "Review #1 for edith" in edith and "Review #2" not in edith
+    assert "Review #2 for eddie" in eddie and "Review #1" not in eddie
+    assert "Not a notice" not in edith and "Not a notice" not in eddie
 
 
 @pytest.mark.django_db
