@@ -54,14 +54,10 @@ KINDS = ("opened", "reminder", "escalated", "digest")
 
 
 def concerned(request: ApprovalRequest, user: Any) -> bool:
-    """Whether ``user`` is still to be told of ``request``: they may decide it, did not
-    write its draft (an editor's own edit) and have not approved it already. Asked when a
+    """Whether ``user`` is still to be told of ``request``: they may decide it (so neither
+    enqueued its task nor wrote its draft) and have not approved it already. Asked when a
     notice is enqueued and again when it is sent."""
-    return (
-        decide_refusal(request, user) is None
-        and user.get_username() != request.draft_author
-        and not has_approved(request, user)
-    )
+    return decide_refusal(request, user) is None and not has_approved(request, user)
 
 
 def recipients(request: ApprovalRequest, kind: str) -> list[str]:

@@ -27,7 +27,7 @@ from django.db import transaction
 from django.dispatch import receiver
 
 from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, decision_text
-from approvals.people import same_person
+from approvals.people import enqueued, same_person, wrote_draft
 from approvals.steps import draft_hash as hash_of
 from approvals.steps import handler_of
 from tasks_app import services as core
@@ -289,14 +289,21 @@ def decide_refusal(request: ApprovalRequest, actor: Actor, task: Task | None = N
     """Why ``actor`` may not decide ``request``, or ``None`` when they may.
 
     The same rules the decisions apply, for pages and lists to offer only what will be
-    accepted: the decide permission, not the task's author (superusers included), and a
-    place on the approver list (superusers skip it). Says nothing of the request's state.
+    accepted: the decide permission, neither the task's enqueuer nor the draft's author
+    (superusers included; one person however their name is spelled, :func:`same_person`),
+    and a place on the approver list (superusers skip it). Says nothing of the request's
+    state.
     """
     if (refused := _actor_refusal(actor)) is not None or actor is None:
         return refused or NO_ACTOR
     task = task or request.task
-    if _enqueued_by(task, actor):
+    if enqueued(task, actor):
         return f"you enqueued task #{task.pk}: someone else must decide on it"
+    if wrote_draft(request, actor):
+        return (
+            f"you wrote this draft of task #{task.pk} (revision {request.revision}): "
+            "someone else must review it"
+        )
     if isinstance(actor, str) or actor.is_superuser:
         return None
     groups, users = request.groups, request.approver_users or []
@@ -337,11 +344,6 @@ def _actor_refusal(actor: Actor) -> str | None:
     if not actor.is_authenticated or not actor.has_perm(DECIDE_PERMISSION):
         return "deciding approvals needs the decide permission (group editors)"
     return None
-
-
-def _enqueued_by(task: Task, actor: Actor) -> bool:
-    """Whether ``actor`` enqueued ``task`` (:func:`same_person`)."""
-    return same_person(core.actor_fields(actor), (task.created_by, task.created_by_user_id))
 
 
 def _revalidate(request: ApprovalRequest, task: Task, seen_hash: str | None) -> None:

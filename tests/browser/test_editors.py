@@ -1,6 +1,7 @@
 """Editors beyond one approval, in the browser, with the module's worker sending their
-mail: notified of a draft, an editor follows the mail's link, edits the draft and approves
-it, and exactly one publish goes out with the edited text; a press release needs two
+mail: notified of a draft, an editor follows the mail's link and edits the draft, which
+another editor approves (its author may not), and exactly one publish goes out with the
+edited text; a press release needs two
 different editors; an undecided one escalates to the senior editors; a reminder is sent
 once."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -65,17 +67,21 @@ def second_page(browser: Browser, live_server_url: str) -> Page:
     return context.new_page()
 
 
-def test_an_editor_notified_by_mail_edits_the_draft_approves_and_one_publish_goes_out(
+def test_an_editor_notified_by_mail_edits_the_draft_and_another_approves_it(
     page: Page,
+    browser: Browser,
+    live_server: Any,
     worker: Worker,
     demo_mail: Path,
     module_remotes: tuple[LoopbackRemote, LoopbackRemote],
     editor: User,
+    other_editor: User,
     author: User,
 ) -> None:
     publishing, _ = module_remotes
     published_before = len(publishing.applied)
     mailable(editor)
+    mailable(other_editor)
     task = article(actor=author, key="browser:editors:article")
     request = pending_request(task, worker)
     notice_sent(request, "opened", worker)
@@ -103,7 +109,7 @@ def test_an_editor_notified_by_mail_edits_the_draft_approves_and_one_publish_goe
     successor = pending_request(task, worker, revision=1)
     expect(page).to_have_url(re.compile(rf"/approvals/{successor.pk}/$"))
     expect(page.get_by_role("status")).to_contain_text(
-        f"Your edit is revision 1, now review #{successor.pk}."
+        f"Your edit is revision 1, now review #{successor.pk}: someone else decides on it"
     )
     changes = page.locator("section").filter(
         has=page.get_by_role("heading", name=re.compile("What changed since revision 0"))
@@ -115,15 +121,31 @@ def test_an_editor_notified_by_mail_edits_the_draft_approves_and_one_publish_goe
     request.refresh_from_db()
     assert request.status == ApprovalStatus.EDITED
 
-    page.get_by_role("button", name="Approve").click()
-    expect(page.locator("#decision")).to_contain_text(f"Approval #{successor.pk} approved.")
-    # The editor is not told of the revision they wrote themselves.
+    # Their own revision is someone else's to decide: the page says so and offers no
+    # decision, and they are not told of it.
+    decision = page.locator("#decision")
+    expect(decision).to_contain_text(
+        "You may not decide this request: you wrote this draft of task "
+        f"#{task.pk} (revision 1): someone else must review it."
+    )
+    expect(decision.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(page.get_by_text("Edit the draft")).to_have_count(0)
+    page.screenshot(path=SCREENSHOTS / "review-own-edit.png", full_page=True)
     notice_sent(successor, "opened", worker)
     assert mail_to(editor, f"Review #{successor.pk} ") == []
+
+    # The other editor is told, follows the mail and approves the edited text.
+    assert mail_to(other_editor, f"Review #{successor.pk} waits for you")
+    reviewer = second_page(browser, live_server.url)
+    log_in(reviewer, other_editor)
+    reviewer.goto(f"/approvals/{successor.pk}/")
+    expect(reviewer.locator("#decision")).to_contain_text("Approve")
+    reviewer.get_by_role("button", name="Approve").click()
+    expect(reviewer.locator("#decision")).to_contain_text(f"Approval #{successor.pk} approved.")
     task_status(task, TaskStatus.SUCCEEDED, worker)
     published = publishing.applied[published_before:]
     assert [write["body"]["body"] for write in published] == [edited]
-    assert published[0]["body"]["approved_by"] == editor.username
+    assert published[0]["body"]["approved_by"] == other_editor.username
 
 
 def test_a_refused_edit_shows_why_on_its_field_keeps_the_text_and_stores_nothing(

@@ -164,14 +164,14 @@ def decided() -> list[Task]:
 
 
 def editors_at_work() -> list[Task]:
-    """A draft an editor edited, then approved and published; a press release approved by
+    """A draft an editor edited and another approved and published; a press release approved by
     two editors, escalated before the second approval."""
     edited = advance(article(key="publish:edited"))
     successor = approvals.edit_draft(
         pending_request(edited), actor="cli:editor", changes={"title": "Launch day, edited"}
     )
     assert successor is not None
-    approvals.approve(successor, actor="cli:editor")
+    approvals.approve(successor, actor="cli:mara")
     advance(edited)
     release = advance(press_release(key="press:two-editors"))
     request = pending_request(release)
