@@ -1,4 +1,4 @@
-"""Drill 34: rows no Python process can decode among healthy work. Payloads nested past
+"""Drill 27: rows no Python process can decode among healthy work. Payloads nested past
 Python's JSON decoder (stored by SQL, as an import or an older writer would) on a due step,
 and on a step left running on an expired lease; beside them 60 healthy tasks, whose
 doorbells are all lost, and a healthy step whose worker is gone.
@@ -51,10 +51,10 @@ def _seconds(since: datetime, moment: datetime | None) -> float | None:
     return round((moment - since).total_seconds(), 2) if moment else None
 
 
-def test_row_34_undecodable_rows_stop_neither_the_workers_nor_the_sweeper(
+def test_row_27_undecodable_rows_stop_neither_the_workers_nor_the_sweeper(
     cluster: Cluster, counting_remotes: Remotes, own_redis: OwnRedis, record_property: Record
 ) -> None:
-    ids = enqueue_workload(63, label="row34")
+    ids = enqueue_workload(63, label="row27")
     due_poisoned, running_poisoned, running_healthy = ids[0], ids[3], ids[6]
     poison(due_poisoned)
     running = {pk: _left_running(pk) for pk in (running_poisoned, running_healthy)}
