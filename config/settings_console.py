@@ -101,10 +101,17 @@ APPROVALS_DIGEST_MINUTES = env_int("APPROVALS_DIGEST_MINUTES", 24 * 60)
 # address (a shared office) cannot lock out its neighbours. Counted in the database, so it
 # neither depends on Redis nor forgets on a restart. Unlock: `manage.py
 # axes_reset_username USERNAME` (README, Logins).
+#
+# Beyond the pair, a username is slowed, never locked: after CONSOLE_LOGIN_USERNAME_CEILING
+# failures within the window from any addresses it takes one try every window / ceiling
+# seconds (30 s by default), from anywhere; a try sooner answers 429 with Retry-After and is
+# not counted (console/logins.py; the TasksLoginUsernameSlowed alert).
 AUTHENTICATION_BACKENDS = [
-    "axes.backends.AxesStandaloneBackend",
+    # axes' AxesStandaloneBackend, then the username's ceiling
+    "console.logins.LoginBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+CONSOLE_LOGIN_USERNAME_CEILING = env_int("CONSOLE_LOGIN_USERNAME_CEILING", 30)
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_FAILURE_LIMIT = env_int("CONSOLE_LOGIN_ATTEMPTS", 5)

@@ -37,6 +37,7 @@ GAUGES = {
     "tasks_sweeper_last_run_age_seconds",
     "tasks_approvals_pending",
     "tasks_approval_oldest_pending_age_seconds",
+    "tasks_login_usernames_slowed",
 }
 COUNTERS = {
     "tasks_enqueued_total",
@@ -44,6 +45,7 @@ COUNTERS = {
     "tasks_idempotency_conflicts_total",
     "tasks_claims_total",
     "tasks_events_total",
+    "tasks_logins_slowed_total",
 }
 HISTOGRAMS = {"tasks_step_duration_seconds", "tasks_approval_decision_seconds"}
 # Series Prometheus makes itself (`up` for every scrape) and the blackbox exporter's.
