@@ -66,6 +66,11 @@ if TASKS_WORKER_SILENT_SECONDS <= TASKS_HEARTBEAT_SECONDS:
         f"TASKS_WORKER_SILENT_SECONDS must be longer than TASKS_HEARTBEAT_SECONDS "
         f"({TASKS_HEARTBEAT_SECONDS} s), not {TASKS_WORKER_SILENT_SECONDS}"
     )
+# Where each worker's pool processes record the claims they hold, so a crash costs only the
+# step that crashed (tasks_app.engine.crashes): a directory per worker is made here, and
+# made again if something removes it. Default: the temporary directory; choose one nothing
+# prunes. While it cannot be made, crash isolation is off and /readyz says so.
+TASKS_CLAIMS_DIR = env_str("TASKS_CLAIMS_DIR")
 # /readyz fails once the sweeper has not finished a sweep for this long.
 TASKS_SWEEPER_SILENT_SECONDS = env_int(
     "TASKS_SWEEPER_SILENT_SECONDS", max(60, 6 * TASKS_SWEEP_SECONDS)

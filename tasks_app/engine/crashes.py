@@ -24,7 +24,8 @@ Both are fenced by token: a claim whose outcome the process recorded before it d
 left alone. If the whole worker went (its main process too), nobody reads the file and the
 leases run out as before. The files live in a directory the main process makes when it
 starts (``prepare``), watched once its pool runs (``watch``), removed when it stops
-(``clean_up``).
+(``clean_up``); made again whenever something removed it meanwhile, and while it cannot
+be, crash isolation is off and says so (``tasks_app.engine.claims_directory``).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ from pathlib import Path
 
 from django.db import connections
 
-from tasks_app.engine import leases
+from tasks_app.engine import claims_directory, leases
+from tasks_app.engine.claims_directory import ClaimsDirectory, make_private, parent
 from tasks_app.engine.leases import Claim
 from tasks_app.observability.presence import process_running
 
@@ -68,12 +70,14 @@ class ClaimsRecord:
     def __init__(self) -> None:
         self._fd: int | None = None
         self._pid = 0
+        self._path: Path | None = None
 
     def open(self, path: Path) -> None:
         """Record into ``path`` from now on (emptied: nothing held)."""
         self.close()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         self._pid = os.getpid()
+        self._path = path
 
     def close(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
@@ -87,6 +91,7 @@ class ClaimsRecord:
 
     def holding(self, claims: Sequence[Claim]) -> None:
         """The batch just claimed; no handler started."""
+        self._reopen_if_removed()
         if not self.is_open:
             return
         body = json.dumps(
@@ -112,6 +117,17 @@ class ClaimsRecord:
     def clear(self) -> None:
         """The batch's outcomes are recorded: nothing held."""
         self._write(lambda fd: os.ftruncate(fd, 0))
+
+    def _reopen_if_removed(self) -> None:
+        """A file removed with its directory is where nobody looks: a new one in its place
+        (the directory made again, if the main process has not yet). While that fails the
+        batch goes unrecorded, and a crash's batch-mates wait for their leases."""
+        if not self.is_open or self._fd is None or self._path is None:
+            return
+        with contextlib.suppress(OSError):
+            if os.fstat(self._fd).st_nlink == 0:
+                make_private(self._path.parent)
+                self.open(self._path)
 
     def _write(self, write: Callable[[int], object]) -> None:
         """Write, unless not recording; a write that fails (a full disk) stops the record,
@@ -213,7 +229,7 @@ def hand_back(batch: HeldBatch, *, actor: str) -> Recovery:
 # child that died running a job only at its next check, up to five seconds later.
 WATCH_SECONDS = 0.2
 
-_directory: Path | None = None
+_directory: ClaimsDirectory | None = None
 _watcher: ChildWatcher | None = None
 # Pool processes whose death this process is telling of, or has told of lately (a pid is
 # not reused within a few seconds).
@@ -228,7 +244,7 @@ def will_tell(pid: int) -> bool:
         return True
     if _directory is None:
         return False
-    batch = read_batch(_directory / str(pid))
+    batch = read_batch(_directory.path / str(pid))
     return batch is not None and bool(batch.claims)
 
 
@@ -241,18 +257,17 @@ def prepare() -> None:
     pool processes record into, and remove those left by main processes that are gone
     (killed without stopping: their leases ran out meanwhile)."""
     global _directory
-    parent = Path(tempfile.gettempdir())
     with contextlib.suppress(OSError):
-        for old in parent.glob(f"{DIRECTORY_PREFIX}*-*"):
+        for old in parent().glob(f"{DIRECTORY_PREFIX}*-*"):
             pid = old.name.removeprefix(DIRECTORY_PREFIX).split("-", 1)[0]
             mine = not old.is_symlink() and old.stat().st_uid == os.getuid()
             if mine and pid.isdigit() and not process_running(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
-    try:
-        _directory = Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-"))
-    except OSError as exc:
-        # The worker runs without it: a dead pool process's leases run out instead.
-        logger.warning("no directory for the pool processes' claims (%s)", exc)
+    name = f"{DIRECTORY_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    _directory = ClaimsDirectory(parent() / name)
+    # Without it the worker runs all the same (a dead pool process's leases run out
+    # instead); the watcher keeps trying, and says so.
+    _directory.ensure()
 
 
 def watch() -> None:
@@ -260,7 +275,7 @@ def watch() -> None:
     as soon as it dies (:class:`ChildWatcher`)."""
     global _watcher
     if _directory is not None and _watcher is None:
-        _watcher = ChildWatcher(_directory)
+        _watcher = ChildWatcher(_directory.path, _directory)
         _watcher.start()
 
 
@@ -270,16 +285,18 @@ def clean_up() -> None:
     if _watcher is not None:
         _watcher.stop()
     if _directory is not None:
-        shutil.rmtree(_directory, ignore_errors=True)
+        shutil.rmtree(_directory.path, ignore_errors=True)
+        if _directory.off is not None:
+            claims_directory.report_off(None)
     _directory = _watcher = None
 
 
 def start_recording() -> None:
     """In a pool process, once it starts: record into a file of its own, if its main
     process made the directory."""
-    if _directory is not None:
+    if _directory is not None and _directory.usable():
         try:
-            record.open(_directory / str(os.getpid()))
+            record.open(_directory.path / str(os.getpid()))
         except OSError as exc:
             logger.warning("not recording this process's claims (%s)", exc)
 
@@ -288,7 +305,7 @@ def stop_recording() -> None:
     """In a pool process that exits of its own accord: nothing is left to hand back."""
     if record.is_open and _directory is not None:
         record.close()
-        (_directory / str(os.getpid())).unlink(missing_ok=True)
+        (_directory.path / str(os.getpid())).unlink(missing_ok=True)
 
 
 class ChildWatcher(threading.Thread):
@@ -296,21 +313,35 @@ class ChildWatcher(threading.Thread):
     in the directory whose process exited) and hands back what each held, so the main
     process's event loop never waits on the database."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, kept: ClaimsDirectory | None = None) -> None:
         super().__init__(name="claims-watcher", daemon=True)
         self.directory = directory
+        # Checked (and made again) before each look; None: taken as it is.
+        self.kept = kept
         self._stopped = threading.Event()
+        self._failing = False
 
     def stop(self) -> None:
         self._stopped.set()
 
     def run(self) -> None:
         while not self._stopped.wait(WATCH_SECONDS):
-            try:
-                for pid in self.exited():
-                    recover(pid, self.directory / str(pid))
-            except Exception:
+            self.look()
+
+    def look(self) -> None:
+        """Hand back what each pool process that died held; one line when looking fails,
+        not one every look."""
+        try:
+            if self.kept is not None and not self.kept.ensure():
+                return
+            for pid in self.exited():
+                recover(pid, self.directory / str(pid))
+        except Exception:
+            if not self._failing:
                 logger.exception("could not look for pool processes that died")
+            self._failing = True
+        else:
+            self._failing = False
 
     def exited(self) -> list[int]:
         """The pool processes with a record here that have exited."""

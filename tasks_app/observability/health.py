@@ -1,7 +1,7 @@
 """What the probes report: ``/healthz`` (the process answers) and ``/readyz`` (it can do
 its work: the database and the broker answer, the broker takes writes, the migrations
-are applied, the sweeper ran recently). Each check says what it found in a few words,
-never a setting's value."""
+are applied, the sweeper ran recently, no worker runs with its crash isolation off). Each
+check says what it found in a few words, never a setting's value."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from tasks_app.db import deadlines
+from tasks_app.engine import claims_directory
 from tasks_app.observability import presence
 
 Check = Callable[[], tuple[bool, str]]
@@ -91,15 +92,30 @@ def sweeper() -> tuple[bool, str]:
     return True, f"ran {seconds} s ago"
 
 
+def crash_isolation() -> tuple[bool, str]:
+    """Whether every worker can hand back a crashed pool process's batch: one whose claim
+    records' directory cannot be made says so while it lasts (``claims_directory``)."""
+    off = claims_directory.nodes_off()
+    if off:
+        return False, f"off on {len(off)} worker(s)"
+    return True, "on" if settings.REDIS_URL else "not reported without Redis"
+
+
 # Checks not tried once the check they build on failed: each would only wait for the same
 # server again.
-BUILDS_ON = {"migrations": "database", "sweeper": "database", "broker_writes": "broker"}
+BUILDS_ON = {
+    "migrations": "database",
+    "sweeper": "database",
+    "broker_writes": "broker",
+    "crash_isolation": "broker",
+}
 READINESS: dict[str, Check] = {
     "database": database,
     "migrations": migrations,
     "broker": broker,
     "broker_writes": broker_writes,
     "sweeper": sweeper,
+    "crash_isolation": crash_isolation,
 }
 
 

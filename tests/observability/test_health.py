@@ -39,6 +39,7 @@ def test_readyz_is_ready_when_everything_answers_and_the_sweeper_ran(
         "broker": True,
         "broker_writes": True,
         "sweeper": True,
+        "crash_isolation": True,
     }
 
 
