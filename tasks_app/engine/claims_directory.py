@@ -87,7 +87,7 @@ class ClaimsDirectory:
         except OSError as exc:
             self._turned_off(exc.strerror or type(exc).__name__)
             return False
-        if made:
+        if made and self.off is None:
             logger.warning(
                 "the directory of this worker's claim records (%s) was removed, by a cleaner "
                 "of old files perhaps; made it again (set TASKS_CLAIMS_DIR to a directory "

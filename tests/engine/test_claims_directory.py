@@ -134,6 +134,8 @@ def test_a_directory_that_cannot_be_made_turns_crash_isolation_off_and_readyz_sa
         watcher.look()
 
     assert crashes._directory.path.is_dir()
+    # Back on: one line says so, and none says it was removed.
+    assert len(warnings_of(caplog)) == 1
     assert claims_directory.nodes_off() == []
     assert health.ready()[0]["checks"]["crash_isolation"]["ok"] is True
     assert any("crash isolation is on again" in r.getMessage() for r in caplog.records)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from concurrent import futures
-from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -22,7 +21,8 @@ from django.test import Client
 
 from tasks_app.integrations.web_server import is_probe
 from tests.e2e_support import database_url, wait_for
-from tests.web_server_support import timed, web_process
+from tests.web_server_support import every_thread_serves_one as serve_one_each
+from tests.web_server_support import timed, waiting_on_locks, web_process
 
 THREADS = 2
 
@@ -56,37 +56,22 @@ def cookie_of(user: User) -> str:
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
-@contextmanager
-def held_until_waited_on(waiters: int) -> Iterator[psycopg.Connection]:
-    """Hold the task table until ``waiters`` sessions wait on it (then the block goes on
-    with it still held; the caller releases it by ``rollback``)."""
-    with psycopg.connect(database_url(connection.settings_dict)) as other:
-        other.execute("LOCK TABLE tasks_app_task IN ACCESS EXCLUSIVE MODE NOWAIT")
-        yield other
-        other.rollback()
-
-
-def waiting_on_locks() -> int:
-    with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as probe:
-        row = probe.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
-            [connection.settings_dict["NAME"]],
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_healthz_answers_at_once_while_every_thread_waits_on_the_database(
     web: str, oncall: User
 ) -> None:
     cookie = cookie_of(oncall)
+    dsn, name = database_url(connection.settings_dict), connection.settings_dict["NAME"]
     with futures.ThreadPoolExecutor(max_workers=THREADS * 2) as pool:
-        with held_until_waited_on(THREADS) as other:
+        with psycopg.connect(dsn) as other:
+            other.execute("LOCK TABLE tasks_app_task IN ACCESS EXCLUSIVE MODE NOWAIT")
             pages = [
                 pool.submit(timed, f"{web}/", cookie=cookie, timeout=60) for _ in range(THREADS * 2)
             ]
-            wait_for(lambda: waiting_on_locks() >= THREADS, timeout=30, what="busy threads")
+            wait_for(
+                lambda: waiting_on_locks(dsn, name) >= THREADS, timeout=30, what="busy threads"
+            )
             probes = [timed(f"{web}/healthz", timeout=10) for _ in range(5)]
             other.rollback()
         answered = [page.result() for page in pages]
@@ -101,21 +86,10 @@ def test_each_threads_kept_connection_dropped_by_the_server_costs_no_request(
     web: str, oncall: User
 ) -> None:
     cookie = cookie_of(oncall)
+    dsn, name = database_url(connection.settings_dict), connection.settings_dict["NAME"]
 
     def every_thread_serves_one() -> list[tuple[int, float]]:
-        """One request on each thread: the table held until all of them wait on it."""
-        with futures.ThreadPoolExecutor(max_workers=THREADS) as pool:
-            with held_until_waited_on(THREADS) as other:
-                pages = [
-                    pool.submit(timed, f"{web}/", cookie=cookie, timeout=60) for _ in range(THREADS)
-                ]
-                wait_for(
-                    lambda: waiting_on_locks() >= THREADS or any(p.done() for p in pages),
-                    timeout=30,
-                    what="every thread to wait on the table",
-                )
-                other.rollback()
-            return [page.result() for page in pages]
+        return serve_one_each(web, cookie=cookie, threads=THREADS, dsn=dsn, database=name)
 
     assert [code for code, _ in every_thread_serves_one()] == [200] * THREADS
     with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as admin:

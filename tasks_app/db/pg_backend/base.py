@@ -6,14 +6,19 @@ Inside a web request the server is given the request's shorter ``statement_timeo
 the request's first statement (once per connection while it stays the same: a thread of a
 web process serves nothing else), and outside one the session's own again (``RESET``, back
 to the value it connected with). A rollback may have undone the ``SET``, so after one the
-next statement sets (or resets) it again. The connection's health check is bounded too: without it,
-``CONN_HEALTH_CHECKS`` would wait for a hung server with no bound at all (Django runs it on
-the driver's connection, under no execute wrapper)."""
+next statement sets (or resets) it again.
+
+The connection's health check is bounded too: without it, ``CONN_HEALTH_CHECKS`` would wait
+for a hung server with no bound at all (Django runs it on the driver's connection, under no
+execute wrapper); a check left unanswered fails the request instead of connecting again to
+the same hung server."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from django.db import OperationalError
 from django.db.backends.postgresql import base
 
 from tasks_app.db import deadlines
@@ -68,6 +73,24 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def is_usable(self) -> bool:
         with bounded(self.connection, deadlines.health_check_seconds()):
             return bool(super().is_usable())
+
+    def close_if_health_check_failed(self) -> None:
+        """Django's check before a request's first use of a kept connection: one the
+        server dropped is closed, and the request connects anew. One the server left
+        unanswered (it hangs) fails the request at once: connecting anew would only wait
+        for the same server again, for the connect timeout."""
+        # Django's own attributes, the first not in its stubs.
+        enabled = self.health_check_enabled  # type: ignore[attr-defined]
+        if self.connection is None or not enabled or self.health_check_done:  # type: ignore[has-type]
+            return
+        started = time.monotonic()
+        if not self.is_usable():
+            self.close()
+            if time.monotonic() - started >= deadlines.health_check_seconds():
+                raise OperationalError(
+                    "the database did not answer a kept connection's health check in time"
+                )
+        self.health_check_done = True
 
     def _commit(self) -> None:
         with bounded(self.connection):
