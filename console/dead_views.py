@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
 from console import errors, forms
-from console.plans import BulkPlan, PlanRefused
+from console.plans import BulkPlan, PlanApplied, PlanRefused
 from console.views import ConsoleRequest, reads_filter, render_page, view_tasks
 from tasks_app import services
 from tasks_app.exceptions import InvalidInput
@@ -79,6 +79,8 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
     form = forms.BulkForm(request.POST)
     filter_form = forms.DeadFilterForm(request.POST)
     status, report, plan, error = 200, None, None, ""
+    # An earlier confirm applied the plan: the list below may be out of date.
+    applied = False
     if not form.is_valid():
         status = 400
     elif not form.confirmed:
@@ -88,6 +90,7 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
             report = _apply_plan(request, form)
         except PlanRefused as exc:
             status, error = 409, f"Nothing changed: {exc}. Preview again."
+            applied = isinstance(exc, PlanApplied)
         except errors.REFUSED as exc:
             refused = errors.refusal(request, exc, form)
             status, error = refused.status, refused.message
@@ -99,7 +102,7 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
         messages.success(request, _bulk_summary(report))
         return redirect(reverse("console:dead") + "?" + filter_form.filters_query())
     response = render_page(request, "console/dead.html", context, partial="bulk", status=status)
-    if report is not None:
+    if report is not None or applied:
         # The list below the form reloads itself on this event.
         trigger_client_event(response, "deadChanged")
     return response
