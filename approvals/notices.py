@@ -156,8 +156,8 @@ def _users(usernames: list[str]) -> list[Any]:
 
 def _send_once(ctx: StepContext, user: Any, subject: str, body: str) -> None:
     # A header is one line: a line break from a draft's title would make the message
-    # impossible to build (no header is ever injected), so the subject is folded.
-    subject = " ".join(subject.split())
+    # impossible to build (no header is ever injected), so the subject's lines are joined.
+    subject = " ".join(subject.splitlines())
 
     def deliver(key: str) -> dict[str, Any]:
         message = EmailMessage(

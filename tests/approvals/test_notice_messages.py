@@ -35,7 +35,7 @@ def test_a_line_break_in_the_title_is_folded_out_of_the_subject_and_the_mail_is_
 
     assert notice.status == TaskStatus.SUCCEEDED
     assert len(mailoutbox) == 2
-    folded = " ".join(request.summary.split())
+    folded = " ".join(request.summary.splitlines())
     for message in mailoutbox:
         assert message.subject == f"Review #{request.pk} waits for you: {folded}"
         built = message.message()
