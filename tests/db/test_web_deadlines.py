@@ -176,3 +176,17 @@ def test_the_database_settings_check_connections_before_use(settings: Any) -> No
     # A few seconds, far shorter than every session's statement timeout.
     assert 0 < settings.TASKS_WEB_STATEMENT_TIMEOUT_MS <= 5_000
     assert settings.TASKS_WEB_STATEMENT_TIMEOUT_MS < settings.TASKS_DB_STATEMENT_TIMEOUT_MS
+
+
+def test_a_savepoint_rolled_back_after_a_request_leaves_the_transaction_usable(
+    short_web_deadline: None, settings: Any
+) -> None:
+    from django.db import DatabaseError, transaction
+
+    with deadlines.serving_web_request():
+        assert show("statement_timeout") == f"{WEB_MS}ms"
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        # The savepoint's rollback ran first; the session's own timeout is back after it.
+        assert show("statement_timeout") == f"{settings.TASKS_DB_STATEMENT_TIMEOUT_MS // 1000}s"

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import OperationalError
 from django.db.backends.postgresql import base
+from psycopg.pq import TransactionStatus
 
 from tasks_app.db import deadlines
 from tasks_app.db.deadlines import bounded, bounded_execute
@@ -54,7 +55,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
         """Django's execute wrapper: the server's statement timeout is the request's
         before the statement runs."""
         wanted = deadlines.web_request_timeout_ms()
-        if wanted != self.statement_timeout_ms:
+        failed = self.connection.info.transaction_status == TransactionStatus.INERROR
+        # In a failed transaction only a rollback runs; the next statement sets it.
+        if wanted != self.statement_timeout_ms and not failed:
             statement = (
                 "RESET statement_timeout"
                 if wanted is None
@@ -102,8 +105,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
             super()._rollback()  # type: ignore[misc]  # Django's own, not in its stubs
 
     def _savepoint_rollback(self, sid: str) -> None:
-        self._forget_statement_timeout()
+        # After it: its own statement runs in a failed transaction, where a SET would fail.
         super()._savepoint_rollback(sid)  # type: ignore[misc]  # Django's own, not in its stubs
+        self._forget_statement_timeout()
 
     def _forget_statement_timeout(self) -> None:
         if self.timeout_was_set:
