@@ -10,17 +10,14 @@ builds its own database with ``manage.py migrate``, as a release step would, and
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e_support import database_url, manage
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the triggers are PostgreSQL's"
@@ -42,9 +39,7 @@ $$ LANGUAGE plpgsql;
 
 
 def _url(name: str) -> str:
-    settings = connection.settings_dict
-    user = settings["USER"] or os.environ.get("PGUSER", "")
-    return f"postgres://{user}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{name}"
+    return database_url({**connection.settings_dict, "NAME": name})
 
 
 def _admin() -> psycopg.Connection[tuple[object, ...]]:
@@ -64,18 +59,10 @@ def old_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def manage(database: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": _url(database), "DJANGO_SETTINGS_MODULE": ""}
-    env.pop("DJANGO_SETTINGS_MODULE")
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+def on(database: str, *args: str) -> str:
+    """``manage.py`` with ``args`` against ``database``; its output (it must succeed)."""
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    return manage(*args, env={**env, "DATABASE_URL": _url(database)}, timeout=300)
 
 
 def sql(database: str, statement: str) -> list[tuple[object, ...]]:
@@ -84,16 +71,11 @@ def sql(database: str, statement: str) -> list[tuple[object, ...]]:
         return cursor.fetchall() if cursor.description else []
 
 
-def _ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
 def _old_finished_history(database: str) -> int:
     """A cancelled task that finished 400 days ago, with its events; returns its id."""
-    _ok(manage(database, "enqueue", "demo.noop", "--payload", "{}", "--key", "old:1"))
+    on(database, "enqueue", "demo.noop", "--payload", "{}", "--key", "old:1")
     (task_id,) = sql(database, "SELECT id FROM tasks_app_task WHERE idempotency_key = 'old:1'")[0]
-    _ok(manage(database, "cancel", str(task_id), "--reason", "no longer needed"))
+    on(database, "cancel", str(task_id), "--reason", "no longer needed")
     sql(
         database,
         "UPDATE tasks_app_task SET finished_at = now() - interval '400 days', "
@@ -105,10 +87,8 @@ def _old_finished_history(database: str) -> int:
 def _migrate_as_an_earlier_release(database: str) -> None:
     """Every app as the release before 0019 left it (the approvals app's latest
     migration depends on the core's 0018)."""
-    _ok(manage(database, "migrate", "approvals", "0004", "--noinput"))
-    assert "[ ] 0019_history_only_retention_deletes" in _ok(
-        manage(database, "showmigrations", "tasks_app")
-    )
+    on(database, "migrate", "approvals", "0004", "--noinput")
+    assert "[ ] 0019_history_only_retention_deletes" in on(database, "showmigrations", "tasks_app")
 
 
 def _event_trigger(database: str) -> str:
@@ -134,8 +114,8 @@ def test_a_database_migrated_by_an_earlier_release_prunes_after_the_upgrade(
         0
     ]
 
-    _ok(manage(old_database, "migrate", "--noinput"))
-    output = _ok(manage(old_database, "prune_history"))
+    on(old_database, "migrate", "--noinput")
+    output = on(old_database, "prune_history")
 
     assert "tasks_app.retention" not in _event_trigger(old_database)
     assert sql(old_database, f"SELECT count(*) FROM tasks_app_task WHERE id = {task_id}") == [(0,)]
@@ -149,4 +129,4 @@ def test_a_database_migrated_by_an_earlier_release_prunes_after_the_upgrade(
     assert "enqueued" not in remaining, output
     assert "cancelled" in remaining and remaining <= {"cancel_requested", "cancelled"}, output
     # The sweeper's share runs too, as every sweep does.
-    _ok(manage(old_database, "sweep"))
+    on(old_database, "sweep")
