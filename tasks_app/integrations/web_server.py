@@ -12,7 +12,8 @@ Django (``tasks_app.observability.probes``, ahead of every middleware that could
 it says that the process answers requests, not only that its main loop runs.
 
 A new connection whose request has not arrived yet waits in the main loop's selector (as a
-kept-alive connection does) for at most ``--timeout`` seconds, instead of in a thread.
+kept-alive connection does) for at most ``--timeout`` seconds (an hour when that is 0),
+instead of in a thread.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ PROBE_THREADS = 2
 # How much of a request is read to route it: enough for the longest probe line start.
 PEEK_BYTES = 16
 PROBE_LINES = (b"GET /healthz", b"HEAD /healthz")
+NO_TIMEOUT_SECONDS = 3600.0
 
 
 def is_probe(start: bytes) -> bool:
@@ -84,7 +86,7 @@ class ProbesFirstThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn h
             start = conn.sock.recv(PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             conn.sock.setblocking(False)
-            self.arriving.append((time.monotonic() + self.cfg.timeout, conn))
+            self.arriving.append((time.monotonic() + self.arrival_seconds(), conn))
             self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.arrived, conn))
             return
         except OSError:
@@ -92,6 +94,11 @@ class ProbesFirstThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn h
         pool = self.probe_pool if is_probe(start) and self.probe_pool is not None else self.tpool
         job = pool.submit(self.handle, conn)
         job.add_done_callback(lambda done: self.method_queue.defer(self.finish_request, conn, done))
+
+    def arrival_seconds(self) -> float:
+        """How long a new connection may wait for its request: ``--timeout``, or an hour
+        when it is 0 (gunicorn's "no timeout")."""
+        return float(self.cfg.timeout) if self.cfg.timeout > 0 else NO_TIMEOUT_SECONDS
 
     def arrived(self, conn: TConn, client: Any) -> None:
         self.poller.unregister(client)
