@@ -12,8 +12,8 @@ A directory that cannot be made (a full or read-only disk, a ``TASKS_CLAIMS_DIR`
 not a directory) or that is not this user's alone (another user could forge records and
 have claims released) turns crash isolation off: a crash then costs its batch-mates an
 attempt, as their leases run out. The worker says so in one warning, and again once it is
-back on, and reports it through Redis while it lasts (a key per worker node, refreshed and
-expiring as a heartbeat does) so that ``/readyz`` says so too
+back on, and reports it through Redis while it lasts (an entry per worker node, refreshed
+and expiring as a heartbeat does) so that ``/readyz`` says so too
 (``tasks_app.observability.health``).
 """
 
@@ -34,8 +34,9 @@ from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
-# The Redis keys of the worker nodes whose crash isolation is off: this, then host:pid.
-OFF_KEY = "crash-isolation-off:"
+# The Redis sorted set of the worker nodes (host:pid) whose crash isolation is off, each
+# scored with when its report expires (by Redis's clock, which every process shares).
+OFF_KEY = "crash-isolation-off"
 
 
 def parent() -> Path:
@@ -132,8 +133,13 @@ def _redis() -> Any:
     return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
 
 
-def _prefix() -> str:
+def _key() -> str:
     return str(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")) + OFF_KEY
+
+
+def _now(client: Any) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1_000_000
 
 
 def report_off(reason: str | None) -> None:
@@ -145,10 +151,13 @@ def report_off(reason: str | None) -> None:
     client = _redis()
     try:
         with contextlib.suppress(Exception):
+            now = _now(client)
+            # Reports of nodes gone without a word (killed) expire.
+            client.zremrangebyscore(_key(), "-inf", now)
             if reason is None:
-                client.delete(_prefix() + node())
+                client.zrem(_key(), node())
             else:
-                client.set(_prefix() + node(), reason, ex=round(3 * refresh_seconds()))
+                client.zadd(_key(), {node(): now + 3 * refresh_seconds()})
     finally:
         client.close()
 
@@ -159,9 +168,8 @@ def nodes_off() -> list[str]:
         return []
     client = _redis()
     try:
-        prefix = _prefix()
         return sorted(
-            key.decode().removeprefix(prefix) for key in client.scan_iter(match=f"{prefix}*")
+            member.decode() for member in client.zrangebyscore(_key(), _now(client), "+inf")
         )
     finally:
         client.close()
