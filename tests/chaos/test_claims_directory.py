@@ -1,4 +1,4 @@
-"""Drill 37: the claim records' directory taken away while a worker runs
+"""Drill 30: the claim records' directory taken away while a worker runs
 (``tasks_app.engine.claims_directory``).
 
 First it cannot be made (a plain file where ``TASKS_CLAIMS_DIR`` should be): the worker
@@ -80,7 +80,7 @@ def _items() -> list[dict[str, Any]]:
     return [*warm_up, poison, *after]
 
 
-def test_row_37_a_removed_claims_directory_is_made_again_and_a_crash_costs_only_its_step(
+def test_row_30_a_removed_claims_directory_is_made_again_and_a_crash_costs_only_its_step(
     cluster: Cluster,
     counting_remotes: Remotes,
     claims_parent: Path,

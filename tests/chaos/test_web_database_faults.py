@@ -1,4 +1,4 @@
-"""Drills 35 and 36: the web side of a database fault, with the web process as the Procfile
+"""Drills 28 and 29: the web side of a database fault, with the web process as the Procfile
 runs it (gunicorn, its worker class, threads) and kept connections on every thread.
 
 35. PostgreSQL hung (every server process SIGSTOPped) while three times as many console
@@ -70,7 +70,7 @@ def _serve_one_each(web: str, cookie: str) -> list[tuple[int, float]]:
     )
 
 
-def test_row_35_a_hung_database_frees_every_web_thread_within_its_deadline(
+def test_row_28_a_hung_database_frees_every_web_thread_within_its_deadline(
     own_postgres: OwnPostgres, web: str, cookie: str, record_property: Record
 ) -> None:
     # Every thread holds a kept connection, as a web process in service does.
@@ -120,7 +120,7 @@ def _threads_at_once(web: str, cookie: str) -> list[tuple[int, float]]:
         return [page.result() for page in pages]
 
 
-def test_row_36_the_first_requests_after_a_postgresql_restart_do_not_fail(
+def test_row_29_the_first_requests_after_a_postgresql_restart_do_not_fail(
     own_postgres: OwnPostgres, web: str, cookie: str, record_property: Record
 ) -> None:
     assert [code for code, _ in _serve_one_each(web, cookie)] == [200] * THREADS
