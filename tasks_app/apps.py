@@ -1,5 +1,6 @@
-"""The core's app: when Django starts, the shipped workflows register, the doorbell backstop
-hooks into the worker, and each PostgreSQL session is named for its process."""
+"""The core's app: when Django starts, the shipped workflows and every installed app's
+``workflows`` module register, the doorbell backstop hooks into the worker, and each
+PostgreSQL session is named for its process."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.db.backends.signals import connection_created
+from django.utils.module_loading import autodiscover_modules
 
 
 def _name_the_session(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -31,5 +33,10 @@ class TasksAppConfig(AppConfig):
         from tasks_app import backends  # noqa: F401
         from tasks_app.demo import workflows as demo_workflows  # noqa: F401
         from tasks_app.engine import backstop  # noqa: F401
+
+        # A workflow of your own lives in the ``workflows`` module of an installed app (as
+        # an admin lives in ``admin``): every process, web and worker alike, imports it
+        # here, so a task a producer enqueues is one every worker can run.
+        autodiscover_modules("workflows")
 
         connection_created.connect(_name_the_session, dispatch_uid="tasks_app.session_name")

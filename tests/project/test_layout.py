@@ -166,3 +166,37 @@ def test_no_test_module_imports_from_another() -> None:
         and (node.module or "").rpartition(".")[2].startswith("test_")
     ]
     assert not offenders, "\n".join(offenders)
+
+
+def test_a_workflow_in_an_installed_apps_workflows_module_registers_at_start(
+    tmp_path: Path,
+) -> None:
+    """A workflow of one's own lives in ``<app>/workflows.py`` of any installed app: every
+    process imports it when Django starts, so web and workers know it without importing it
+    themselves. A fresh interpreter, with an app of its own beside the project."""
+    app = tmp_path / "shop"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "workflows.py").write_text(
+        "from tasks_app.workflows import StepSpec, Workflow, register\n"
+        "register(Workflow('shop.order', 1, steps=(StepSpec('take', lambda ctx: {}),)))\n"
+    )
+    (tmp_path / "shop_settings.py").write_text(
+        "from config.settings import *  # noqa: F403\n"
+        "INSTALLED_APPS = [*INSTALLED_APPS, 'shop']  # noqa: F405\n"
+    )
+    script = (
+        "import django; django.setup()\n"
+        "from tasks_app.workflows import registry\n"
+        "print('shop.order' in registry.names())\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "shop_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "True", done.stdout
