@@ -11,6 +11,8 @@ PORT ?= 8000
 # its own PORT, so the workers are told the web server's address explicitly.
 demo run: export PUBLISH_URL ?= http://$(HOST):$(PORT)/fake/publish/
 demo run: export MAIL_URL ?= http://$(HOST):$(PORT)/fake/mail/
+# The approvals' mail links to the console where `make run` serves it (PORT=8270 included).
+demo run: export CONSOLE_BASE_URL ?= http://$(HOST):$(PORT)
 # Served by the demo even when DATABASE_URL points it at PostgreSQL.
 demo run: export TASKS_FAKE_REMOTES ?= 1
 

@@ -1,0 +1,69 @@
+"""The Makefile's ``run`` target: what it hands the processes it starts.
+
+``make run`` is run for real, on a virtualenv of the test's own whose ``python`` answers
+the set-up steps (migrate, seed) without doing them and whose ``honcho`` loads the settings
+with the environment make gives it and prints what the processes would read.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e_support import ROOT
+from tests.settings_support import clean_env
+
+SHOW = (
+    "import django; django.setup(); from django.conf import settings as s; "
+    "print(s.CONSOLE_BASE_URL); print(s.PUBLISH_URL)"
+)
+
+
+def fake_venv(folder: Path) -> Path:
+    """A virtualenv make takes as installed: its stamp newer than pyproject.toml."""
+    venv = folder / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\nexit 0\n")
+    honcho = venv / "bin" / "honcho"
+    honcho.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{SHOW}"\n')
+    for script in (python, honcho):
+        script.chmod(0o755)
+    stamp = venv / ".installed-stamp"
+    stamp.touch()
+    newer = (ROOT / "pyproject.toml").stat().st_mtime + 60
+    os.utime(stamp, (newer, newer))
+    return venv
+
+
+def make_run(tmp_path: Path, *args: str, **env: str) -> list[str]:
+    venv = fake_venv(tmp_path)
+    base = clean_env(TASKS_VAR_DIR=str(tmp_path / "var"), DATABASE_URL="", **env)
+    for name in ("CONSOLE_BASE_URL", "PUBLISH_URL", "MAIL_URL", "PORT", "HOST"):
+        if name not in env:
+            base.pop(name, None)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "run", f"VENV={venv}", *args],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip().splitlines()[-2:]
+
+
+def test_make_run_on_another_port_links_mail_to_that_port(tmp_path: Path) -> None:
+    assert make_run(tmp_path, "PORT=8270") == [
+        "http://127.0.0.1:8270",
+        "http://127.0.0.1:8270/fake/publish/",
+    ]
+
+
+def test_make_run_keeps_a_console_address_set_in_the_environment(tmp_path: Path) -> None:
+    shown = make_run(tmp_path, "PORT=8270", CONSOLE_BASE_URL="https://console.example.com")
+    assert shown[0] == "https://console.example.com"
