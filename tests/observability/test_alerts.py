@@ -290,3 +290,40 @@ def test_the_alerts_fire_and_stay_quiet_as_their_unit_tests_expect(tmp_path: Pat
         assert "exp_annotations" in path.read_text(encoding="utf-8")
         return
     run([tool, "test", "rules", str(path)])
+
+
+# --- the commands the files give for running these checks by hand -------------------------
+
+
+def documented_commands(path: Path) -> list[str]:
+    """The commands a file's comments give, each on a line of its own indented under a
+    ``#`` (``#   promtool check rules docs/alerts.yml``)."""
+    return re.findall(r"^#   (\S.*)$", path.read_text(encoding="utf-8"), re.MULTILINE)
+
+
+def test_the_promtool_commands_the_rules_give_pass_as_pasted_in_the_project_folder() -> None:
+    commands = [c for c in documented_commands(ALERTS) if c.startswith("promtool ")]
+    assert commands, "docs/alerts.yml says how to check its rules with promtool"
+    tool = promtool()
+    if tool is None:
+        return  # nothing to run them with here; CI requires promtool
+    for command in commands:
+        done = subprocess.run(
+            [tool, *command.split()[1:]],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_unit_tests_are_run_by_hand_through_this_module_as_both_files_say() -> None:
+    # Run as pasted it would run this module again; what is checked is that it names this
+    # module, from the project's folder, and that promtool alone is not offered.
+    expected = f".venv/bin/python -m pytest {Path(__file__).relative_to(ROOT)}"
+    for path in (ALERTS, UNIT_TESTS):
+        commands = documented_commands(path)
+        assert expected in commands, f"{path.name} gives {commands}"
+        assert not [c for c in commands if c.startswith("promtool test rules")], path.name
