@@ -34,6 +34,7 @@ COPY . .
 # without a secret key, hosts and real remotes: this one command gets a key made for it
 # and placeholder addresses, none of them kept in the image. The folder belongs to the
 # app user because the Procfile's release line collects again (finding the same files).
+# So does var/, where beat keeps its schedule file (TASKS_BEAT_SCHEDULE_FILE).
 RUN DJANGO_SECRET_KEY="$(python -c 'import secrets; print(secrets.token_urlsafe(50))')" \
     DJANGO_ALLOWED_HOSTS=build.invalid \
     DATABASE_URL=postgres://build.invalid/unused \
@@ -42,7 +43,8 @@ RUN DJANGO_SECRET_KEY="$(python -c 'import secrets; print(secrets.token_urlsafe(
     MAIL_URL=https://mail.invalid/ \
     python manage.py collectstatic --noinput \
     && python -m compileall -q config tasks_app approvals console \
-    && chown -R app:app staticfiles
+    && mkdir -p var \
+    && chown -R app:app staticfiles var
 USER app
 # gunicorn binds 0.0.0.0:$PORT (the Procfile's web line; 8000 unless PORT says otherwise).
 EXPOSE 8000

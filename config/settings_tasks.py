@@ -236,7 +236,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": TASKS_MAINTENANCE_QUEUE, "expires": float(TASKS_SWEEP_SECONDS)},
     }
 }
-# Beat's schedule file, unless beat is started with --schedule (Procfile's is in /tmp); the
-# scheduler makes its folder, which the settings make only in the embedded mode.
+# Beat's schedule file (when each entry last ran), the deployment's own: under its var
+# folder unless TASKS_BEAT_SCHEDULE_FILE names another, never a path every deployment on a
+# host would share (a second beat reading it would delay or repeat the first's sweeps).
+# The scheduler makes its folder, which the settings make only in the embedded mode.
 CELERY_BEAT_SCHEDULER = "tasks_app.integrations.beat:Scheduler"
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = env_str("TASKS_BEAT_SCHEDULE_FILE") or str(
+    VAR_DIR / "celerybeat-schedule"
+)

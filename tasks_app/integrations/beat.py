@@ -2,8 +2,8 @@
 file's folder, and says when it stops.
 
 The settings make ``var/`` only for the embedded database and broker, while beat keeps its
-schedule under it in every mode unless told otherwise (``--schedule``, as ``Procfile``
-does); so the folder is made here, by the one process that writes there.
+schedule under it in every mode unless told otherwise (``TASKS_BEAT_SCHEDULE_FILE``, or
+``--schedule``); so the folder is made here, by the one process that writes there.
 
 Celery's beat logs an ERROR with two tracebacks for every send the broker refuses; here a
 streak of refused sends is one line when it starts and one when sends work again.
