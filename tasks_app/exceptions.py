@@ -114,8 +114,9 @@ class RemoteRefused(PermanentError):
 # batch of its own, never with other steps (``tasks_app.engine.fastpath.claim_batch``).
 LEASE_EXPIRED = "lease_expired"
 # The ``error_class`` of a step handed back by a worker that does not have its task's
-# workflow version registered (a rolling deploy): it waits for a worker that does, for
-# ``TASKS_VERSION_WAIT_SECONDS``, then is dead-lettered as ``incompatible_version``.
+# workflow, version or step kind registered (a rolling deploy): it waits for a worker that
+# does, for ``TASKS_VERSION_WAIT_SECONDS``, then is dead-lettered as ``incompatible_version``
+# (or ``unknown_step_kind``, when only the kind is missing).
 AWAITING_VERSION = "awaiting_version"  # models.AWAITING_VERSION_Q restates it
 # The ``error_class`` of a step whose row holds a JSON value no Python process can decode
 # (nested past the decoder's recursion limit, stored by SQL): no attempt can run it, so it

@@ -1,10 +1,11 @@
 """The workflow registry: workflows are declared in code with a name and a version.
 
 Only registered workflows and step kinds run. A task keeps the version it was enqueued
-under; a worker that does not have that version registered never runs it under other
-rules: it hands the step back to wait for a worker that has it (a rolling deploy), and
-after ``TASKS_VERSION_WAIT_SECONDS`` dead-letters it as ``incompatible_version``
-(``tasks_app.engine.runner``).
+under; a worker that does not have that workflow, version or step kind registered never
+runs it under other rules: it hands the step back to wait for a worker that has it (a
+rolling deploy), and after ``TASKS_VERSION_WAIT_SECONDS`` dead-letters it as
+``incompatible_version`` (``unknown_step_kind`` for a missing kind;
+``tasks_app.engine.runner``).
 """
 
 from __future__ import annotations

@@ -332,20 +332,31 @@ def release_claim(
 
 
 def awaiting_version_since(task_id: int, step_id: int) -> datetime | None:
-    """When a worker first handed the step back for want of its workflow version (the
-    oldest such ``claim_released`` since the step was last redriven), or None. Read through
-    the task's events (``event_task_idx``)."""
-    events = Event.objects.filter(task_id=task_id, step_id=step_id)
+    """When a worker first handed the step back for want of its workflow, version or step
+    kind (the oldest such ``claim_released`` since the step was last redriven or resolved
+    to run again), by the database's clock; or None. Read through the task's events in the
+    order they were written (``event_task_idx``): their ``created_at`` is the writing
+    process's clock, so the hand-back's ``waiting_since`` (the database's) is read instead."""
+    events = Event.objects.filter(task_id=task_id)
+    # A redrive (or a resolve to run again) is the task's event; the steps it made runnable
+    # are in its data.
     last_run = (
-        events.filter(kind=EventKind.REDRIVEN)
-        .order_by("-created_at")
-        .values_list("created_at", flat=True)
+        events.filter(
+            kind__in=[EventKind.REDRIVEN, EventKind.RESOLVED], data__steps__has_key=str(step_id)
+        )
+        .order_by("-pk")
+        .values_list("pk", flat=True)
         .first()
     )
-    waits = events.filter(kind=EventKind.CLAIM_RELEASED, reason=AWAITING_VERSION)
+    waits = events.filter(step_id=step_id, kind=EventKind.CLAIM_RELEASED, reason=AWAITING_VERSION)
     if last_run is not None:
-        waits = waits.filter(created_at__gt=last_run)
-    return waits.order_by("created_at").values_list("created_at", flat=True).first()
+        waits = waits.filter(pk__gt=last_run)
+    first = waits.order_by("pk").values_list("created_at", "data").first()
+    if first is None:
+        return None
+    created_at, data = first
+    since = (data or {}).get("waiting_since")
+    return datetime.fromisoformat(since) if isinstance(since, str) else created_at
 
 
 def expire_lease_now(claim: Claim) -> bool:

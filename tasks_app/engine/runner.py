@@ -34,7 +34,7 @@ from tasks_app.exceptions import (
 )
 from tasks_app.models import Step, Task
 from tasks_app.models.json_columns import first_undecodable
-from tasks_app.workflows import StepContext, StepSpec, registry
+from tasks_app.workflows import StepContext, StepSpec, Workflow, registry
 
 logger = logging.getLogger(__name__)
 
@@ -115,27 +115,19 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
 def _run_one(claim: services.Claim, step: Step) -> Any:
     """Run one handler; returns its result, or ``_RECORDED`` once its outcome is recorded.
 
-    1. Find the workflow version the task was enqueued under; if it is gone, or the step's
-       kind is not that version's, never run it under other rules: hand it back to wait
-       for a worker that has the version (a rolling deploy; :func:`_await_version`), or
-       dead-letter it (``unknown_step_kind``).
+    1. Find the workflow version the task was enqueued under and the step's kind in it; if
+       this worker lacks either (a new workflow, a new version, a kind it does not have),
+       never run it under other rules: hand it back to wait for a worker that has them (a
+       rolling deploy; :func:`_await_version`), and dead-letter it once it waited too long.
     2. Build the context (payload, earlier results, attempt, step key, effects ledger).
     3. Run the handler and classify: a JSON result is returned; ``OutcomeUnknown`` and
        permanent errors dead-letter; anything else retries with backoff.
     """
     task = step.task
     flow = registry.get(task.workflow, task.workflow_version)
-    if flow is None:
-        _await_version(claim, task)
-        return _RECORDED
-    spec = flow.step(step.position)
+    spec = flow.step(step.position) if flow is not None else None
     if spec is None or spec.kind != step.kind:
-        _dead(
-            claim,
-            "unknown_step_kind",
-            f"step kind {step.kind!r} is not registered",
-            "unknown_step_kind",
-        )
+        _await_version(claim, task, step, flow)
         return _RECORDED
 
     if spec.approval:
@@ -194,31 +186,43 @@ def _undecodable_input(ctx: StepContext) -> str | None:
     )
 
 
-def _await_version(claim: services.Claim, task: Task) -> None:
-    """A step whose workflow version this worker does not have registered: during a rolling
-    deploy, producers may enqueue under a version only the new workers know. The step is
-    handed back uncharged, due again in ``TASKS_VERSION_RETRY_SECONDS``, marked
-    ``awaiting_version`` (the console shows it, ``tasks_steps_awaiting_version`` counts
-    it), so a worker that has the version takes it; once it has waited
-    ``TASKS_VERSION_WAIT_SECONDS`` since it was first handed back, it is dead-lettered as
-    ``incompatible_version``."""
+def _await_version(claim: services.Claim, task: Task, step: Step, flow: Workflow | None) -> None:
+    """A step this worker cannot run by its task's rules: the workflow (by name or by
+    version) is not registered here, or that version has no such step kind. During a
+    rolling deploy a producer on the new code enqueues what only the new workers know, so
+    the step is handed back uncharged, due again in ``TASKS_VERSION_RETRY_SECONDS``,
+    marked ``awaiting_version`` (the console shows it, ``tasks_steps_awaiting_version``
+    counts it), for a worker that has it to take.
+
+    A worker that lacks it and claims it once ``TASKS_VERSION_WAIT_SECONDS`` have passed
+    since it was first handed back dead-letters it: ``incompatible_version`` for a missing
+    workflow or version, ``unknown_step_kind`` for a missing kind (DESIGN rule 6). The wait
+    is measured by the database's clock (rule 3): the first hand-back records when it began
+    (``waiting_since``), so a worker with a slow clock cannot cut it short."""
     lease_keeper.forget(claim)
-    wanted = f"workflow {task.workflow} v{task.workflow_version}"
-    known = ", ".join(f"v{v}" for v in registry.versions(task.workflow)) or "no version"
+    now = services.db_now()
     since = services.awaiting_version_since(task.pk, claim.step_id)
-    waited = 0.0 if since is None else (services.db_now() - since).total_seconds()
+    waited = 0.0 if since is None else (now - since).total_seconds()
+    versions = ", ".join(f"v{v}" for v in registry.versions(task.workflow)) or "no version"
+    wanted = f"workflow {task.workflow} v{task.workflow_version}"
+    if flow is None:
+        dead_as, has = "incompatible_version", f"has {versions}"
+    else:
+        wanted = f"step kind {step.kind!r} (position {step.position}) of {wanted}"
+        kinds = ", ".join(spec.kind for spec in flow.steps)
+        dead_as, has = "unknown_step_kind", f"has {kinds} in v{flow.version}"
     if waited >= settings.TASKS_VERSION_WAIT_SECONDS:
         services.fail_step(
             claim,
-            error_class="incompatible_version",
+            error_class=dead_as,
             message=f"{wanted} is not registered on any worker that claimed it in "
-            f"{round(waited)} s of waiting (this worker has {known})",
+            f"{round(waited)} s of waiting (this worker {has})",
             retry_in=None,
-            reason="incompatible_version",
+            reason=dead_as,
         )
         return
     message = (
-        f"{wanted} is not registered on worker {claim.worker_id} (it has {known}); "
+        f"{wanted} is not registered on worker {claim.worker_id} (it {has}); "
         f"waiting for a worker that has it, up to {settings.TASKS_VERSION_WAIT_SECONDS} s"
     )
     services.release_claim(
@@ -228,6 +232,7 @@ def _await_version(claim: services.Claim, task: Task) -> None:
         retry_in=settings.TASKS_VERSION_RETRY_SECONDS,
         error=(AWAITING_VERSION, message),
         version=task.workflow_version,
+        waiting_since=(since or now).isoformat(),
     )
 
 

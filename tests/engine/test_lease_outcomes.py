@@ -455,9 +455,11 @@ def test_with_no_wait_a_step_of_a_missing_version_is_dead_lettered_at_once(
 
 
 @pytest.mark.django_db
-def test_a_step_kind_the_workflow_does_not_have_is_dead_lettered(
-    versioned: str, recorder: Recorder
+def test_with_no_wait_a_step_kind_the_workflow_does_not_have_is_dead_lettered_at_once(
+    versioned: str, recorder: Recorder, settings: Any
 ) -> None:
+    # With the default wait it waits first, like a missing version (test_version_waits).
+    settings.TASKS_VERSION_WAIT_SECONDS = 0
     task = services.enqueue(versioned, {}).task
     step = only_step(task)
     registry.unregister(versioned, 2)
