@@ -19,6 +19,7 @@ from celery.signals import (
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
+    worker_shutting_down,
 )
 
 from tasks_app.observability.logs import DiscardSummary
@@ -70,6 +71,15 @@ def _report_presence(sender: Any, **kwargs: Any) -> None:
         node.name, lambda: presence.describe_consumer(consumer), settings.TASKS_HEARTBEAT_SECONDS
     )
     _heartbeat.start()
+
+
+@worker_shutting_down.connect
+def _heartbeat_leaving(**kwargs: Any) -> None:
+    """A warm shutdown stops the consumer before the pool finishes its steps: the node
+    asks for no work on purpose, which the heartbeat must not take for a broker it cannot
+    read (it would say it no longer reports the node as live)."""
+    if _heartbeat is not None:
+        _heartbeat.leaving()
 
 
 @worker_shutdown.connect

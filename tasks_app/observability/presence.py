@@ -212,8 +212,16 @@ class HeartbeatThread(threading.Thread):
         self.describe = describe
         self.interval = interval
         self.stopping = threading.Event()
+        # Set once a warm shutdown begins: the node stops asking for work on purpose while
+        # it finishes the steps it holds, which is no sign of a broker it cannot read.
+        self.shutting_down = threading.Event()
         self.failing = False
         self.withheld = False
+
+    def leaving(self) -> None:
+        """The node is shutting down: it reports itself while it finishes its steps, and
+        no longer asks whether it can consume."""
+        self.shutting_down.set()
 
     def stop(self) -> None:
         """Stop beating; waits for a report in flight, so none lands after the stop."""
@@ -227,7 +235,7 @@ class HeartbeatThread(threading.Thread):
 
     def beat(self) -> bool:
         """Report the node once, if it can consume; returns whether it was reported."""
-        reason = consuming.cannot_consume()
+        reason = None if self.shutting_down.is_set() else consuming.cannot_consume()
         if reason is not None:
             if not self.withheld:
                 logger.warning("heartbeat: not reporting this worker as live: %s", reason)

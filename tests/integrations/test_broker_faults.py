@@ -270,6 +270,34 @@ def test_the_heartbeat_is_withheld_while_the_node_cannot_consume(
     assert lines(caplog, "heartbeat: this worker consumes again") == 1
 
 
+def test_a_warm_shutdown_is_not_taken_for_a_node_that_cannot_consume(
+    transactional_db: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm shutdown stops the consumer first, then waits for the pool to finish its
+    steps: the node asks Redis for nothing meanwhile, on purpose."""
+    from celery.signals import worker_shutting_down
+
+    import config.celery
+
+    presence.worker_started(node())
+    heartbeat = presence.HeartbeatThread("celery@box-1", node, interval=10)
+    monkeypatch.setattr(config.celery, "_heartbeat", heartbeat)
+    # Its last read was answered a minute ago and none was sent since (back-dated), with a
+    # pool process free: while running, that is a node that cannot consume.
+    consuming.serving(2)
+    consuming.asked()
+    consuming.answered()
+    reads = consuming._reads
+    reads.asked_at = reads.answered_at = time.monotonic() - 60
+    assert consuming.cannot_consume() is not None
+
+    worker_shutting_down.send(sender="celery@box-1", sig="SIGTERM", how="Warm", exitcode=0)
+    assert from_its_thread(heartbeat.beat) is True
+    [row] = presence.workers()
+    assert row.state == "live"
+    assert lines(caplog, "heartbeat: not reporting this worker as live") == 0
+
+
 # --- the doorbell's backstop ------------------------------------------------------------------
 
 
