@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from functools import cached_property
 from typing import Any
 
 from celery import Celery
@@ -26,7 +27,21 @@ from tasks_app.observability.logs import DiscardSummary
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-app = Celery("config")
+
+class App(Celery):
+    """Celery, whose worker and beat programs keep a JSON log pure JSON
+    (tasks_app.integrations.programs)."""
+
+    @cached_property
+    def Worker(self) -> Any:
+        return self.subclass_with_self("tasks_app.integrations.programs:Worker")  # type: ignore[arg-type]
+
+    @cached_property
+    def Beat(self) -> Any:
+        return self.subclass_with_self("tasks_app.integrations.programs:Beat")  # type: ignore[arg-type]
+
+
+app = App("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
-from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
 from config.env import (
@@ -16,6 +15,7 @@ from config.env import (
     env_list,
     env_networks,
     env_str,
+    refuse,
 )
 
 # The Procfile's processes run in production mode unless told otherwise
@@ -26,11 +26,11 @@ SECRET_KEY = env_str("DJANGO_SECRET_KEY")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [] if PRODUCTION else ["localhost", "127.0.0.1"])
 if PRODUCTION:
     if not SECRET_KEY:
-        raise ImproperlyConfigured("DJANGO_PRODUCTION is set: DJANGO_SECRET_KEY is required")
+        refuse("DJANGO_PRODUCTION is set: DJANGO_SECRET_KEY is required")
     if not ALLOWED_HOSTS:
-        raise ImproperlyConfigured("DJANGO_PRODUCTION is set: DJANGO_ALLOWED_HOSTS is required")
+        refuse("DJANGO_PRODUCTION is set: DJANGO_ALLOWED_HOSTS is required")
     if DEBUG:
-        raise ImproperlyConfigured(
+        refuse(
             "DJANGO_PRODUCTION is set: DJANGO_DEBUG must be off (debug pages show settings "
             "and stack frames to anyone)"
         )
@@ -122,7 +122,7 @@ if PRODUCTION:
         ("REDIS_URL", REDIS_URL, "the embedded file-system broker"),
     ]:
         if not _value:
-            raise ImproperlyConfigured(
+            refuse(
                 f"DJANGO_PRODUCTION is set: {_name} is required (without it this process "
                 f"would use {_embedded} under var/, which no other process shares)"
             )
@@ -166,7 +166,7 @@ if DATABASE_URL:
     if PRODUCTION and DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         # The database's clock, the event history's append-only trigger and the hot
         # statements are PostgreSQL's; SQLite is the embedded demo's.
-        raise ImproperlyConfigured(
+        refuse(
             "DJANGO_PRODUCTION is set: DATABASE_URL must name a PostgreSQL database "
             f"(postgres://…), not {DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
         )
@@ -190,7 +190,9 @@ if DATABASE_URL:
             ]
         ).strip()
 else:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Production without DATABASE_URL is refused above: it stops before writing anything.
+    if not PRODUCTION:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -277,11 +279,14 @@ TASKS_LOG_MESSAGES = env_bool("TASKS_LOG_MESSAGES")
 TASKS_LOG_FORMATS = ("text", "json")
 TASKS_LOG_FORMAT = env_str("TASKS_LOG_FORMAT", "text").lower()
 if TASKS_LOG_FORMAT not in TASKS_LOG_FORMATS:
-    raise ImproperlyConfigured(
+    refuse(
         f"TASKS_LOG_FORMAT must be one of {', '.join(TASKS_LOG_FORMATS)}, "
         f"not {env_str('TASKS_LOG_FORMAT')!r}"
     )
+    TASKS_LOG_FORMAT = "text"
 _quiet = {} if TASKS_LOG_MESSAGES else {"level": "WARNING"}
+# dictConfig, and Python's warnings written as lines of this log.
+LOGGING_CONFIG = "tasks_app.observability.logs.configure"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

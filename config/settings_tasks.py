@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 
-from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
 from config.env import (
@@ -16,6 +15,7 @@ from config.env import (
     env_str,
     env_url,
     is_fake_remote,
+    refuse,
 )
 from config.settings_django import (
     DATABASE_URL,
@@ -33,7 +33,7 @@ TASKS_QUEUES = env_list("TASKS_QUEUES", ["default"])
 TASKS = {"default": {"BACKEND": "tasks_app.backends.DurableBackend"}}
 TASKS_MAINTENANCE_QUEUE = "maintenance"
 if TASKS_MAINTENANCE_QUEUE in TASKS_QUEUES:
-    raise ImproperlyConfigured("TASKS_QUEUES must not name the reserved queue 'maintenance'")
+    refuse("TASKS_QUEUES must not name the reserved queue 'maintenance'")
 TASKS_LEASE_SECONDS = env_int("TASKS_LEASE_SECONDS", 30)
 TASKS_SWEEP_SECONDS = env_int("TASKS_SWEEP_SECONDS", 5)
 # The most tasks one bulk action may change, wherever it is asked for (the console, the
@@ -62,7 +62,7 @@ TASKS_VERSION_RETRY_SECONDS = env_int("TASKS_VERSION_RETRY_SECONDS", 30)
 TASKS_HEARTBEAT_SECONDS = env_int("TASKS_HEARTBEAT_SECONDS", 10)
 TASKS_WORKER_SILENT_SECONDS = env_int("TASKS_WORKER_SILENT_SECONDS", 2 * TASKS_HEARTBEAT_SECONDS)
 if TASKS_WORKER_SILENT_SECONDS <= TASKS_HEARTBEAT_SECONDS:
-    raise ImproperlyConfigured(
+    refuse(
         f"TASKS_WORKER_SILENT_SECONDS must be longer than TASKS_HEARTBEAT_SECONDS "
         f"({TASKS_HEARTBEAT_SECONDS} s), not {TASKS_WORKER_SILENT_SECONDS}"
     )
@@ -103,7 +103,7 @@ if FAKE_REMOTES_TOKEN:
         MAIL_TOKEN = FAKE_REMOTES_TOKEN
 if PRODUCTION:
     if TASKS_FAKE_REMOTES:
-        raise ImproperlyConfigured(
+        refuse(
             "DJANGO_PRODUCTION is set: TASKS_FAKE_REMOTES must be off "
             "(the fake remotes answer anyone, without a login)"
         )
@@ -113,12 +113,12 @@ if PRODUCTION:
             ("MAIL_URL", MAIL_URL, "ticket_reply"),
         ]:
             if not _url:
-                raise ImproperlyConfigured(
+                refuse(
                     f"DJANGO_PRODUCTION is set: {_name} is required (the {_workflow} "
                     "workflow calls it)"
                 )
             if is_fake_remote(_url):
-                raise ImproperlyConfigured(
+                refuse(
                     f"DJANGO_PRODUCTION is set: {_name} points at the demo's fake remote "
                     f"({_url}); the {_workflow} workflow needs the real service"
                 )
@@ -131,7 +131,7 @@ RETENTION_DAYS = env_int("RETENTION_DAYS", 30)
 # pruning: their events are pruned this many days after they were recorded.
 AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 365)
 if AUDIT_RETENTION_DAYS < RETENTION_DAYS:
-    raise ImproperlyConfigured(
+    refuse(
         f"AUDIT_RETENTION_DAYS ({AUDIT_RETENTION_DAYS}) must not be shorter than "
         f"RETENTION_DAYS ({RETENTION_DAYS})"
     )
@@ -156,7 +156,7 @@ if REDIS_URL:
     # A lease must end before Redis re-delivers the message of the step it covers:
     # otherwise a second worker gets the step while the first still holds it.
     if TASKS_LEASE_SECONDS >= BROKER_VISIBILITY_TIMEOUT:
-        raise ImproperlyConfigured(
+        refuse(
             f"TASKS_LEASE_SECONDS must be shorter than the broker's visibility timeout "
             f"({BROKER_VISIBILITY_TIMEOUT} s), not {TASKS_LEASE_SECONDS}"
         )
@@ -177,7 +177,8 @@ if REDIS_URL:
         CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = env_str("TASKS_BROKER_PREFIX")
 else:
     _broker_dir = VAR_DIR / "broker"
-    for _folder in ("queue", "control"):
+    # Production without REDIS_URL is refused (settings_django): nothing written for it.
+    for _folder in ("queue", "control") if not PRODUCTION else ():
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {

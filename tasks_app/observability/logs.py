@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.config
 import threading
 from collections import Counter, deque
 from datetime import UTC, datetime
@@ -18,6 +19,14 @@ from typing import Any
 
 # What every JSON line has; a record's own fields never replace these.
 _BASE = ("time", "level", "logger", "message")
+
+
+def configure(config: dict[str, Any]) -> None:
+    """``LOGGING_CONFIG``: ``LOGGING`` as ``dictConfig`` takes it, and Python's warnings
+    captured into it (logger ``py.warnings``), so that a warning is a line of the log in its
+    format, a JSON object in a JSON log, rather than text written past it."""
+    logging.config.dictConfig(config)
+    logging.captureWarnings(True)
 
 
 class JsonFormatter(logging.Formatter):
