@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,12 @@ def test_every_procfile_process_stops_with_the_list_alone(name: str, tmp_path: P
         "  - DJANGO_PRODUCTION is set: PUBLISH_URL is required (the publish_article workflow "
         "calls it)",
     ], output
+
+
+def test_the_deployment_guide_shows_the_list_as_production_writes_it() -> None:
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    shown = re.search(r"```text\n(not starting: .*?)```", guide, re.DOTALL)
+    assert shown is not None, "the guide's Settings section shows a refused start"
+    result = load_settings(**{**PRODUCTION, "DJANGO_SECRET_KEY": "", "TASKS_LEASE_SECONDS": "soon"})
+    assert result.returncode == 3
+    assert result.stderr == shown.group(1)
