@@ -56,8 +56,11 @@ class ProcfileNode:
         self.log = log
         self._out = log.open("wb")
         line = parse_procfile((ROOT / "Procfile").read_text()).processes[name]
+        # bash runs a line's one command in its own place (Debian's sh stays its parent,
+        # so stop() returned while the worker still shut down, and it went on taking the
+        # next tests' messages).
         self.process = subprocess.Popen(
-            ["sh", "-c", line],
+            ["bash", "-c", line],
             cwd=ROOT,
             env=env,
             stdout=self._out,
