@@ -11,7 +11,6 @@ from django.http import HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import trigger_client_event
 
 from console import errors, forms
 from console.plans import BulkPlan, PlanApplied, PlanRefused
@@ -35,7 +34,6 @@ def _dead_context(filter_form: forms.DeadFilterForm, **extra: Any) -> dict[str, 
         "bulk_form": extra.pop("bulk_form", None)
         or forms.BulkForm(initial={**filters.__dict__, "limit": services.bulk_limit()}),
         "bulk_limit": services.bulk_limit(),
-        "filter_query": filter_form.filters_query(),
         "refresh_query": filter_form.filters_query(cursor=True),
         **extra,
     }
@@ -72,8 +70,10 @@ BULK_PERMISSIONS = sorted({f"tasks_app.{spec.permission}" for spec in ACTIONS.va
 @require_POST
 @view_tasks
 def dead_bulk(request: ConsoleRequest) -> HttpResponse:
-    """Preview a bulk action as a plan (without ``confirm=1``), or apply the plan the
-    preview made (with it): the tasks it names that still qualify, and no others."""
+    """Preview a bulk action as a plan (without ``confirm=1``; what its confirm would
+    refuse, such as an empty reason, is refused here already), apply the plan the preview
+    made (with it): the tasks it names that still qualify, and no others; or, with
+    ``change=1``, go back from a plan to editing the form."""
     if not any(request.user.has_perm(permission) for permission in BULK_PERMISSIONS):
         raise PermissionDenied("acting on dead letters needs an on-call permission")
     form = forms.BulkForm(request.POST)
@@ -81,34 +81,54 @@ def dead_bulk(request: ConsoleRequest) -> HttpResponse:
     status, report, plan, error = 200, None, None, ""
     # An earlier confirm applied the plan: the list below may be out of date.
     applied = False
-    if not form.is_valid():
+    if request.POST.get("change") == "1":
+        pass  # back to editing: the form as it was posted, without its plan
+    elif not form.is_valid():
         status = 400
-    elif not form.confirmed:
-        plan = _plan(request, form)
     else:
         try:
-            report = _apply_plan(request, form)
+            if form.confirmed:
+                report = _apply_plan(request, form)
+            else:
+                plan = _plan(request, form)
         except PlanRefused as exc:
             status, error = 409, f"Nothing changed: {exc}. Preview again."
             applied = isinstance(exc, PlanApplied)
         except errors.REFUSED as exc:
             refused = errors.refusal(request, exc, form)
             status, error = refused.status, refused.message
-            if isinstance(exc, InvalidInput):
+            if form.confirmed and isinstance(exc, InvalidInput):
                 # The plan stays: fixing the reason needs no new preview.
                 plan = _posted_plan(request, form)
+    if plan is not None and plan.ids:
+        _lock(form)
     context = _dead_context(filter_form, bulk_form=form, report=report, plan=plan, error=error)
     if report is not None and not request.htmx:
         messages.success(request, _bulk_summary(report))
         return redirect(reverse("console:dead") + "?" + filter_form.filters_query())
-    response = render_page(request, "console/dead.html", context, partial="bulk", status=status)
-    if report is not None or applied:
-        # The list below the form reloads itself on this event.
-        trigger_client_event(response, "deadChanged")
-    return response
+    # Once the plan was applied, the cause's count and the list above the form changed too:
+    # the answer carries them (the list's first page), so the page agrees with itself.
+    refresh = ("cause", "results") if report is not None or applied else ()
+    return render_page(
+        request, "console/dead.html", context, partial="bulk", status=status, refresh=refresh
+    )
+
+
+def _lock(form: forms.BulkForm) -> None:
+    """The form as its plan's preview shows it: the action cannot be changed in place (the
+    template carries it as a hidden field, and the limit as read-only)."""
+    form.fields["action"].widget.attrs.update({"disabled": True, "aria-describedby": "bulk-locked"})
 
 
 def _plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
+    """The preview's plan, after the checks its confirm will make (the permission, the
+    reason, the limit): what would be refused is refused before anything is planned."""
+    services.check_bulk(
+        form.cleaned_data["action"],
+        actor=request.user,
+        reason=form.cleaned_data["reason"],
+        limit=form.cleaned_data["limit"],
+    )
     return BulkPlan.make(
         action=form.cleaned_data["action"],
         filters=form.filters(),

@@ -65,7 +65,16 @@ def _review_page(
         "edit_error": edit_error,
         "done": done,
     }
-    return render_page(request, "console/review.html", context, partial="decision", status=status)
+    # A decision (or its refusal, which finds the request as someone else left it) changes
+    # the facts and the offer to edit as well as the decision.
+    return render_page(
+        request,
+        "console/review.html",
+        context,
+        partial="decision",
+        status=status,
+        refresh=("facts", "edit"),
+    )
 
 
 def _edit_form(r: approval_selectors.Review, data: Any = None) -> forms.DraftEditForm:

@@ -14,7 +14,7 @@ which ``errors.refusal`` answers with, showing its message and changing nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import Any, Concatenate
 
@@ -25,6 +25,7 @@ from django.forms import Form
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
@@ -58,11 +59,26 @@ def render_page(
     *,
     partial: str,
     status: int = 200,
+    refresh: Sequence[str] = (),
 ) -> HttpResponse:
-    """The full page, or only its ``partial`` region for htmx (history restores excepted)."""
-    if request.htmx and not request.htmx.history_restore_request:
-        template = f"{template}#{partial}"
-    return render(request, template, context, status=status)
+    """The full page, or only its ``partial`` region for htmx (history restores excepted).
+
+    An action's answer updates every region that shows what it changed, in the same
+    response: the regions named in ``refresh`` follow the partial, swapped out of band (each
+    marks itself so when ``oob`` is set), and so does the nav's count of approvals waiting
+    for the reader, which any action may change."""
+    if not request.htmx or request.htmx.history_restore_request:
+        return render(request, template, context, status=status)
+    parts = [render_to_string(f"{template}#{partial}", context, request)]
+    if request.method == "POST":
+        also = {**context, "oob": True}
+        regions = [f"{template}#{name}" for name in refresh] + [NAV_APPROVALS]
+        parts.extend(render_to_string(region, also, request) for region in regions)
+    return HttpResponse("".join(parts), status=status)
+
+
+# The nav's Approvals entry with its count, on every page (``base.html``).
+NAV_APPROVALS = "console/_nav_approvals.html"
 
 
 def filter_refused(request: ConsoleRequest, form: Form) -> HttpResponse:

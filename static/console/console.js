@@ -118,3 +118,5 @@ document.addEventListener("DOMContentLoaded", () => labelTables(document));
 // would show a refreshed list as a table for a moment); htmx:load for anything else.
 document.addEventListener("htmx:afterSwap", (event) => labelTables(event.detail.elt));
 document.addEventListener("htmx:load", (event) => labelTables(event.detail.elt));
+// A region an action's answer carries out of band (its target is the element swapped in).
+document.addEventListener("htmx:oobAfterSwap", (event) => labelTables(event.target));

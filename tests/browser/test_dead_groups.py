@@ -73,7 +73,7 @@ def test_oncall_acts_on_one_cause_after_the_preview_names_the_writes_in_doubt(
 
     bulk.get_by_role("button", name="Redrive 3 tasks").click()
     expect(bulk.locator(".notice.success")).to_contain_text("Redrive: 3 tasks changed")
-    # The list below reloads itself: the cause has no dead letters left.
+    # The list above comes with the answer: the cause has no dead letters left.
     expect(page.locator("#results")).to_contain_text("No dead letters match.")
     statuses = dict(Task.objects.values_list("pk", "status"))
     assert {statuses[t.pk] for t in outage} == {TaskStatus.PENDING}

@@ -86,7 +86,7 @@ def test_a_plan_confirmed_again_after_its_answer_was_lost_is_applied_once(
     expect(refusal).to_contain_text(
         "Nothing changed: this preview was already confirmed and applied. Preview again."
     )
-    # The list below reloads itself: the first confirm redrove them all.
+    # The list above comes with the refusal: the first confirm redrove them all.
     expect(page.locator("#results")).to_contain_text("No dead letters match.")
     page.screenshot(path=tmp_path / "plan-confirmed-twice.png", full_page=True)
     assert Event.objects.filter(kind="redriven").count() == redriven == 2
