@@ -59,7 +59,7 @@ class _Filter(forms.Form):
 
 
 class TaskFilterForm(_Filter):
-    status = forms.ChoiceField(required=False, choices=_choices(list(TaskStatus.values)))
+    status = forms.ChoiceField(required=False, choices=[("", "any"), *TaskStatus.choices])
     workflow = forms.ChoiceField(required=False)
     queue = forms.ChoiceField(required=False)
     key = forms.CharField(

@@ -121,13 +121,17 @@ def reads_filter[FormT: Form, **P](
 @require_GET
 def start(request: ConsoleRequest) -> HttpResponse:
     """Where a login lands: an editor (who may decide approvals, superusers aside), and
-    anyone an open request names as its approver, on the approvals waiting for them;
+    anyone an open request names as its approver, on the approvals waiting for them; an
+    auditor (who may read the audit log but take no action on tasks) on the audit log;
     everyone else on the overview."""
     user = request.user
     if not user.is_superuser and user.has_perm(DECIDE_PERMISSION):
         return redirect("console:approvals")
     if user.has_perm(VIEW_APPROVALS) and approval_selectors.names_approver(user):
         return redirect("console:approvals")
+    acts = any(user.has_perm(f"tasks_app.{action.permission}") for action in ACTIONS.values())
+    if user.has_perm(VIEW_AUDIT) and not acts:
+        return redirect("console:audit")
     return redirect("console:overview")
 
 

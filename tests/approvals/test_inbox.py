@@ -15,10 +15,11 @@ from tests.console_support import login
 
 
 @pytest.mark.django_db
-def test_a_login_lands_an_editor_on_the_approvals_and_others_on_the_overview(
-    editor: User, oncall: User, superuser: User
+def test_a_login_lands_editors_on_the_approvals_auditors_on_the_audit_log_others_on_the_overview(
+    editor: User, oncall: User, auditor: User, superuser: User
 ) -> None:
     assert login(editor).get(reverse("console:start"))["Location"] == "/approvals/"
+    assert login(auditor).get(reverse("console:start"))["Location"] == "/audit/"
     assert login(oncall).get(reverse("console:start"))["Location"] == "/"
     assert login(superuser).get(reverse("console:start"))["Location"] == "/"
 

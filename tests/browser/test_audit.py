@@ -77,8 +77,9 @@ def test_an_auditor_filters_the_audit_log_reads_its_labels_and_exports_it(
     services.pause_queue("default", actor=oncall, reason="Database failover drill")
     services.resume_queue("default", actor="cli:alice", reason="Drill over")
 
+    # An auditor's login lands on the audit log.
     log_in(page, auditor)
-    page.goto("/audit/")
+    expect(page).to_have_url("/audit/")
     expect(page.locator("h1")).to_have_text("Audit log")
 
     # One task: every event of its history, each action by its label.

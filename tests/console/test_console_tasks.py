@@ -125,3 +125,10 @@ def test_a_payload_filter_on_a_field_beside_a_secret_still_lists_its_tasks(oncal
     task = enqueued("demo.noop", {"ticket": {"id": 7, "token": "t-1"}})
     page = body(login(oncall).get("/tasks/", {"payload": "ticket.id=7"}))
     assert f'href="/tasks/{task.pk}/"' in page
+
+
+def test_the_status_filter_names_each_status_as_people_read_it(oncall: User) -> None:
+    page = body(login(oncall).get("/tasks/"))
+
+    assert '<option value="waiting_approval">Waiting Approval</option>' in page
+    assert ">waiting_approval<" not in page
