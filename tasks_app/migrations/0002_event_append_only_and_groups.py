@@ -6,7 +6,7 @@ APPEND_ONLY = """
 CREATE OR REPLACE FUNCTION tasks_app_event_append_only() RETURNS trigger AS $$
 BEGIN
     -- The retention service deletes inside a transaction that set this flag locally.
-    IF TG_OP = 'DELETE' AND current_setting('tasks_app.retention', true) = 'on' THEN
+    IF TG_OP = 'DELETE' AND current_setting('tasks_app.operations.retention', true) = 'on' THEN
         RETURN OLD;
     END IF;
     RAISE EXCEPTION 'tasks_app_event is append-only: %% refused', TG_OP

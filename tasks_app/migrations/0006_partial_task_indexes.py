@@ -2,7 +2,7 @@
 
 # A task's idempotency key and its user are indexed only where set: most tasks have
 # neither, and every update that is not a heap-only update writes into each index.
-# Online (tasks_app.online_migrations): the partial unique index is built concurrently
+# Online (tasks_app.db.online_migrations): the partial unique index is built concurrently
 # before the full unique constraint it replaces is dropped, so a key is never unguarded;
 # the user's foreign key is left as it is.
 
@@ -10,7 +10,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-from tasks_app import online_migrations as online
+from tasks_app.db import online_migrations as online
 
 
 class Migration(migrations.Migration):

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from tasks_app import online_migrations as online
+from tasks_app.db import online_migrations as online
 
 # A lease is written when its step is claimed and updated when it is renewed or released.
 # With no index on the columns those updates change, PostgreSQL can keep each update in the

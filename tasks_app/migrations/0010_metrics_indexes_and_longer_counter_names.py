@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.db import migrations, models
 
-from tasks_app import online_migrations as online
+from tasks_app.db import online_migrations as online
 
 
 class Migration(migrations.Migration):

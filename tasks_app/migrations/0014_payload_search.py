@@ -1,7 +1,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from tasks_app import online_migrations as online
+from tasks_app.db import online_migrations as online
 
 # The payload filter's GIN index moves from the task row, which every transition rewrites
 # (each rewrite added a GIN entry: 336 B of WAL per executed step, measured), to a row

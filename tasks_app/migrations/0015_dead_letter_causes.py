@@ -1,5 +1,5 @@
 # Dead letters grouped by cause: each dead step stores its cause's fingerprint
-# (tasks_app.fingerprints) and its task's workflow, and a partial index holds only the dead
+# (tasks_app.engine.fingerprints) and its task's workflow, and a partial index holds only the dead
 # rows, newest task first, with what the list's pages and the grouping read. Adding a
 # column with a constant default rewrites nothing on PostgreSQL 11 and later.
 #
@@ -8,8 +8,8 @@
 
 from django.db import migrations, models
 
-from tasks_app import online_migrations as online
-from tasks_app.fingerprints import fingerprint
+from tasks_app.db import online_migrations as online
+from tasks_app.engine.fingerprints import fingerprint
 
 BATCH = 1_000
 

@@ -1,4 +1,4 @@
-# A tamper-evident audit history (tasks_app.audit_chain, docs/audit.md): each operator
+# A tamper-evident audit history (tasks_app.operations.audit_chain, docs/audit.md): each operator
 # event carries the hash of its canonical form chained over the one before; retention
 # writes a checkpoint before it deletes chained events; TRUNCATE of the history is refused
 # as UPDATE and DELETE are. The audit log's actor filter becomes a prefix in any case.
@@ -11,7 +11,7 @@
 import django.utils.timezone
 from django.db import migrations, models
 
-from tasks_app import online_migrations as online
+from tasks_app.db import online_migrations as online
 
 OPERATOR_KINDS = [
     "approved",

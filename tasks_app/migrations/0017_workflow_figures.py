@@ -1,4 +1,4 @@
-# The workflow figures' roll-up (tasks_app.workflow_figures): a small table of its own,
+# The workflow figures' roll-up (tasks_app.observability.workflow_figures): a small table of its own,
 # written by the sweeper once a minute; no big table is touched.
 
 from django.db import migrations, models
