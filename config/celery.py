@@ -141,6 +141,24 @@ def _prepare_claims_records(**kwargs: Any) -> None:
     crashes.prepare()
 
 
+@worker_init.connect
+def _share_the_stopping_flag(**kwargs: Any) -> None:
+    """Before the pool forks: a flag the pool processes read before each claim and each
+    step, raised when a warm shutdown begins (tasks_app.engine.stopping)."""
+    from tasks_app.engine import stopping
+
+    stopping.prepare()
+
+
+@worker_shutting_down.connect
+def _stop_claiming(**kwargs: Any) -> None:
+    """The pool processes claim nothing more, finish the step each runs and hand back the
+    steps they hold but have not started."""
+    from tasks_app.engine import stopping
+
+    stopping.begin()
+
+
 @worker_ready.connect
 def _watch_pool_processes(**kwargs: Any) -> None:
     from tasks_app.engine import crashes

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from tasks_app import services
-from tasks_app.engine import crashes, fastpath
+from tasks_app.engine import crashes, fastpath, stopping
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.effects import LeaseLost
 from tasks_app.engine.lease_keeper import lease_keeper
@@ -44,6 +44,8 @@ PERMANENT = (PermanentError, InvalidInput, ValidationError)
 # longer than the second figure.
 FAST_STEP_SECONDS = 0.01
 SLOW_BATCH_SECONDS = 1.0
+# Why a stopping worker hands back the claims it has not started.
+WORKER_STOPPING = "worker_stopping"
 
 
 def worker_id() -> str:
@@ -89,6 +91,9 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
     succeeded: list[tuple[services.Claim, Any]] = []
     try:
         for index, claim in enumerate(claims):
+            if stopping.is_stopping():
+                _hand_back(claims[index:])
+                break
             crashes.record.running(index)
             result = _run_one(claim, rows[claim.step_id])
             if result is not _RECORDED:
@@ -110,6 +115,18 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
         services.complete_step(claim, result)
     crashes.record.clear()
     return len(succeeded)
+
+
+def _hand_back(claims: Sequence[services.Claim]) -> None:
+    """The worker is stopping (:mod:`tasks_app.engine.stopping`): release the claims whose
+    handlers have not started, uncharged and due again at once, each with its doorbell
+    (``claim_released``, reason ``worker_stopping``), for another worker to run now rather
+    than this one holding the rest of its batch up to its end."""
+    for claim in claims:
+        lease_keeper.forget(claim)
+        services.release_claim(
+            claim, actor=f"worker:{claim.worker_id}", reason=WORKER_STOPPING, ran=False
+        )
 
 
 def _run_one(claim: services.Claim, step: Step) -> Any:
@@ -289,7 +306,13 @@ def _drain(step_id: int, tally: _Tally) -> None:
     deadline = time.monotonic() + settings.TASKS_DRAIN_SECONDS
     size, recruited = 1, False
     named: int | None = step_id
+    last = step_id
     while True:
+        if stopping.is_stopping():
+            # Its worker is stopping: it claims nothing more, and rings for what is due so
+            # that another worker takes it now.
+            _pass_on(last, tally.queue)
+            return
         queue = tally.queue
         claims = fastpath.claim_batch(worker_id=worker, limit=size, step_id=named, queue=queue)
         if not claims and size > 1:
@@ -302,7 +325,7 @@ def _drain(step_id: int, tally: _Tally) -> None:
             # A full batch past the first: a backlog, so wake one more worker to help.
             ring_on_commit([Doorbell(claims[-1].step_id, claims[0].queue)])
             recruited = True
-        tally.queue, named = claims[0].queue, None
+        tally.queue, named, last = claims[0].queue, None, claims[-1].step_id
         began = time.monotonic()
         tally.returned += run_batch(claims)
         tally.ran += len(claims)
@@ -315,6 +338,16 @@ def _drain(step_id: int, tally: _Tally) -> None:
             if fastpath.queue_has_due_steps(tally.queue):
                 ring_on_commit([Doorbell(claims[-1].step_id, tally.queue)])
             return
+
+
+def _pass_on(step_id: int, queue: str | None) -> None:
+    """Ring for the queue's due work (naming ``step_id``, as a drain's deadline does), so
+    another worker takes it now instead of after the sweeper's next round; the queue is
+    the named step's when this drain claimed nothing yet."""
+    if queue is None:
+        queue = Step.objects.filter(pk=step_id).values_list("queue", flat=True).first()
+    if queue is not None and fastpath.queue_has_due_steps(queue):
+        ring_on_commit([Doorbell(step_id, queue)])
 
 
 def run_task_steps(task: Task, *, limit: int = 50) -> int:
