@@ -1,6 +1,8 @@
-"""One host: the ``Procfile`` run with honcho exactly as docs/deployment.md shows it (its
-"One host" section): ``release`` runs alone and exits, then web, worker, maintenance and
-beat run together in production mode until stopped, and the console does its work."""
+"""One host, tried out with honcho: the ``Procfile`` run exactly as docs/deployment.md shows
+it (its "One host" section, the honcho block): ``release`` runs alone and exits, then web,
+worker, maintenance and beat run together in production mode until stopped, and the
+console does its work. The systemd units of that section are checked by
+``tests/project/test_deploy_units.py``."""
 
 from __future__ import annotations
 
@@ -39,8 +41,11 @@ def documented_commands(env_file: Path) -> list[list[str]]:
     ``&&``, with the project's honcho and ``env_file`` for the guide's ``prod.env``."""
     guide = (ROOT / "docs" / "deployment.md").read_text()
     section = guide.split("\n## One host\n", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
-    assert block is not None, "the One host section shows its commands in a sh block"
+    block = next(
+        (b for b in re.finditer(r"```sh\n(.*?)```", section, re.DOTALL) if "\nhoncho " in b[1]),
+        None,
+    )
+    assert block is not None, "the One host section shows honcho's commands in a sh block"
     commands = [
         shlex.split(part)
         for line in block.group(1).splitlines()
