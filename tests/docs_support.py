@@ -54,7 +54,8 @@ SHOWN_LANGS = {"text", "csv", "ini", "log"}
 
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 DIRECTIVE = re.compile(r"^\s*<!--\s*run:\s*(?P<what>.*?)\s*-->\s*$")
-NOT_RUN = re.compile(r"^no\s*[—–:-]+\s*(?P<reason>.+)$")
+# "no", then an em or en dash, a colon or a hyphen, then the reason.
+NOT_RUN = re.compile(r"^no\s*[\u2014\u2013:-]+\s*(?P<reason>.+)$")
 NAMED_TEST = re.compile(r"\btests/[\w/]+\.py\b")
 MODULE_LINE = re.compile(r"^#\s+(?P<path>[A-Za-z_]\w*(?:/[A-Za-z_]\w*)+\.py)\b")
 # Commands a test cannot run: they build, start servers or run suites for minutes.
@@ -297,8 +298,7 @@ def _undefined_names(folder: Path, blocks: list[Block]) -> dict[int, str]:
         return {}
     ruff = Path(sys.executable).with_name("ruff")
     done = subprocess.run(
-        [str(ruff), "check", "--isolated", "--select", "F821", "--output-format", "json"]
-        + list(modules),
+        [str(ruff), "check", "--isolated", "--select", "F821", "--output-format", "json", *modules],
         capture_output=True,
         text=True,
         check=False,
@@ -311,21 +311,39 @@ def _undefined_names(folder: Path, blocks: list[Block]) -> dict[int, str]:
     return found
 
 
-def _run(command: list[str] | str, env: Mapping[str, str], timeout: float = 120) -> str | None:
-    """None when the command exits 0, else what it said."""
+def _run(
+    command: list[str] | str, env: Mapping[str, str], timeout: float = 120, name: str = ""
+) -> str | None:
+    """None when the command exits 0, else what it said (``name`` names it there)."""
     args = ["bash", "-o", "pipefail", "-c", command] if isinstance(command, str) else command
+    name = name or (command if isinstance(command, str) else " ".join(command))
     try:
         done = subprocess.run(
             args, cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
-        return f"`{command}` still running after {timeout:g} s"
+        return f"`{name}` still running after {timeout:g} s"
     if done.returncode == 0:
         return None
     return (
-        f"`{command}` exited with {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n"
+        f"`{name}` exited with {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n"
         f"--- stderr\n{done.stderr[-3000:]}"
     )
+
+
+def _blame(pasted: list[Block], folder: Path, crashed: str) -> dict[int, str]:
+    """A session that did not get to its blocks (Django did not start): the modules its
+    traceback names are to blame, and the rest did not run."""
+    culprits = [
+        b
+        for b in pasted
+        if b.module and str(folder.joinpath(*b.module.split(".")).with_suffix(".py")) in crashed
+    ]
+    names = ", ".join(b.id for b in culprits) or "the page's settings or modules"
+    return {
+        b.line: crashed if b in culprits or not culprits else f"not run: {names} broke the session"
+        for b in pasted
+    }
 
 
 def run_page(blocks: list[Block], folder: Path, database: Mapping[str, str]) -> dict[int, str]:
@@ -345,16 +363,20 @@ def run_page(blocks: list[Block], folder: Path, database: Mapping[str, str]) -> 
             )
         )
         env_run = {**env, "DOCS_RUN_SPEC": str(spec), "DOCS_RUN_RESULTS": str(results)}
-        crashed = _run([sys.executable, "manage.py", "shell", "-c", DRIVER], env_run)
+        crashed = _run(
+            [sys.executable, "manage.py", "shell", "-c", DRIVER],
+            env_run,
+            name="manage.py shell (the page's session)",
+        )
         if crashed:
-            for block in pasted:
-                failures.setdefault(block.line, "the shell session failed: " + crashed)
+            for line, text in _blame(pasted, folder, crashed).items():
+                failures.setdefault(line, text)
         else:
             for line, text in json.loads(results.read_text()).items():
                 failures[int(line)] = failures.get(int(line), "") + text
     command_blocks = [b for b in blocks if b.kind == "commands" and problem(b) is None]
     if command_blocks:
-        seeded = _run([sys.executable, "manage.py", "seed_demo"], env)
+        seeded = _run([sys.executable, "manage.py", "seed_demo"], env, name="manage.py seed_demo")
         for block in command_blocks:
             if seeded:
                 failures[block.line] = "seeding the demo failed: " + seeded
