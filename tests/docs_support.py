@@ -47,6 +47,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 
+PROJECT_PACKAGES = {"config", "tasks_app", "approvals", "console", "tests"}
 PYTHON_LANGS = {"python", "py"}
 COMMAND_LANGS = {"sh", "bash", "shell", "console"}
 PARSED_LANGS = {"json", "yaml", "yml"}
@@ -186,6 +187,11 @@ def problem(block: Block) -> str | None:
             return "`run: no` must name the test that covers the block (tests/….py)"
         missing = [name for name in named if not (ROOT / name).is_file()]
         return f"`run: no` names tests that do not exist: {missing}" if missing else None
+    if block.module and block.module.split(".")[0] in PROJECT_PACKAGES:
+        return (
+            f"a module of the project's own `{block.module}` would replace its package: show "
+            "a settings fragment as `<!-- run: settings -->`, an example in an app of its own"
+        )
     if block.kind == "unknown":
         what = f"language `{block.lang}`" if block.lang else "no language"
         return (
@@ -249,22 +255,23 @@ with open(os.environ["DOCS_RUN_RESULTS"], "w") as out:
 """
 
 
+def module_file(folder: Path, block: Block) -> Path:
+    assert block.module is not None
+    return folder.joinpath(*block.module.split(".")).with_suffix(".py")
+
+
 def _write_page_project(folder: Path, blocks: list[Block]) -> None:
     """The page's modules as packages in ``folder``, and ``docs_settings``: the project's
     settings, the page's settings fragments, and those packages installed as apps."""
     apps: list[str] = []
-    for block in blocks:
-        if block.kind != "module":
-            continue
-        assert block.module is not None
-        parts = block.module.split(".")
-        for depth in range(1, len(parts)):
-            package = folder.joinpath(*parts[:depth])
-            package.mkdir(exist_ok=True)
-            (package / "__init__.py").touch()
-        folder.joinpath(*parts[:-1], parts[-1] + ".py").write_text(block.text)
-        if parts[0] not in apps:
-            apps.append(parts[0])
+    for block in (block for block in blocks if block.kind == "module"):
+        path = module_file(folder, block)
+        for package in path.relative_to(folder).parents[:-1]:
+            (folder / package).mkdir(parents=True, exist_ok=True)
+            (folder / package / "__init__.py").touch()
+        path.write_text(block.text)
+        if (app := path.relative_to(folder).parts[0]) not in apps:
+            apps.append(app)
     fragments = "\n".join(block.text for block in blocks if block.kind == "settings")
     (folder / "docs_settings.py").write_text(
         "from config.settings import *  # noqa: F403\n"
@@ -289,11 +296,7 @@ def page_env(folder: Path, database: Mapping[str, str]) -> dict[str, str]:
 
 
 def _undefined_names(folder: Path, blocks: list[Block]) -> dict[int, str]:
-    modules = {
-        str(folder.joinpath(*b.module.split(".")).with_suffix(".py")): b.line
-        for b in blocks
-        if b.kind == "module" and b.module
-    }
+    modules = {str(module_file(folder, b)): b.line for b in blocks if b.kind == "module"}
     if not modules:
         return {}
     ruff = Path(sys.executable).with_name("ruff")
@@ -334,11 +337,7 @@ def _run(
 def _blame(pasted: list[Block], folder: Path, crashed: str) -> dict[int, str]:
     """A session that did not get to its blocks (Django did not start): the modules its
     traceback names are to blame, and the rest did not run."""
-    culprits = [
-        b
-        for b in pasted
-        if b.module and str(folder.joinpath(*b.module.split(".")).with_suffix(".py")) in crashed
-    ]
+    culprits = [b for b in pasted if b.module and str(module_file(folder, b)) in crashed]
     names = ", ".join(b.id for b in culprits) or "the page's settings or modules"
     return {
         b.line: crashed if b in culprits or not culprits else f"not run: {names} broke the session"
@@ -347,7 +346,9 @@ def _blame(pasted: list[Block], folder: Path, crashed: str) -> dict[int, str]:
 
 
 def run_page(blocks: list[Block], folder: Path, database: Mapping[str, str]) -> dict[int, str]:
-    """Run a page's runnable blocks; what failed, by the line of each failing block."""
+    """Run a page's runnable blocks; what failed, by the line of each failing block (one
+    with a :func:`problem` is not run: its test names the problem)."""
+    blocks = [block for block in blocks if block.runs and problem(block) is None]
     _write_page_project(folder, blocks)
     env = page_env(folder, database)
     failures = _undefined_names(folder, blocks)
@@ -374,7 +375,7 @@ def run_page(blocks: list[Block], folder: Path, database: Mapping[str, str]) -> 
         else:
             for line, text in json.loads(results.read_text()).items():
                 failures[int(line)] = failures.get(int(line), "") + text
-    command_blocks = [b for b in blocks if b.kind == "commands" and problem(b) is None]
+    command_blocks = [b for b in blocks if b.kind == "commands"]
     if command_blocks:
         seeded = _run([sys.executable, "manage.py", "seed_demo"], env, name="manage.py seed_demo")
         for block in command_blocks:

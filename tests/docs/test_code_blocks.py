@@ -27,7 +27,8 @@ def page_failures(page: str) -> dict[int, str]:
     return run_page([block for block in RUN if block.page == page], folder, env)
 
 
-@pytest.mark.django_db(transaction=True)
+# Ids start at 1 again, so the tasks the examples name by id (42) are the seeded demo's.
+@pytest.mark.django_db(transaction=True, reset_sequences=True)
 @pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
 def test_the_block_works_as_pasted(block: Block) -> None:
     assert problem(block) is None, problem(block)
@@ -74,6 +75,11 @@ plain
 ```sh
 make run
 ```
+
+```python
+# config/settings.py
+DEBUG = False
+```
 """
 
 
@@ -85,9 +91,10 @@ def test_blocks_that_are_neither_run_nor_excused_fail() -> None:
     assert "no language" in (found[17] or "")
     assert "does not parse" in (found[21] or "")
     assert found[26] is None
+    assert "would replace its package" in (found[30] or "")
 
 
-SESSION = '''\
+SESSION = """\
 ```python
 # shop/workflows.py
 from tasks_app.workflows import StepSpec, Workflow, register
@@ -118,7 +125,7 @@ def pasted():
 def call():
     return client.post()
 ```
-'''
+"""
 
 
 @pytest.mark.django_db(transaction=True)
