@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -59,9 +60,16 @@ DIRECTIVE = re.compile(r"^\s*<!--\s*run:\s*(?P<what>.*?)\s*-->\s*$")
 NOT_RUN = re.compile(r"^no\s*[\u2014\u2013:-]+\s*(?P<reason>.+)$")
 NAMED_TEST = re.compile(r"\btests/[\w/]+\.py\b")
 MODULE_LINE = re.compile(r"^#\s+(?P<path>[A-Za-z_]\w*(?:/[A-Za-z_]\w*)+\.py)\b")
-# Commands a test cannot run: they build, start servers or run suites for minutes.
+# Commands a test cannot run: they build, start servers, run suites for minutes, or change
+# the machine they run on (installing on a host is for the host's own drills).
 CANNOT_RUN = re.compile(
-    r"^\s*(sudo\s+)?(make|docker|honcho|gunicorn)\b|\brunserver\b|\bcelery\b.*\b(worker|beat)\b"
+    r"^\s*(sudo|make|docker|honcho|gunicorn|systemctl|journalctl|apt|apt-get|kubectl)\b"
+    r"|^\s*(\./)?deploy/|\brunserver\b|\bcelery\b.*\b(worker|beat)\b"
+)
+# What a scratch copy of the project leaves out: the commands run there, so none can
+# change the working tree.
+NOT_COPIED = shutil.ignore_patterns(
+    ".git", ".venv", "var", "__pycache__", "*_cache", "*.egg-info", "staticfiles", "node_modules"
 )
 
 
@@ -219,40 +227,7 @@ def problem(block: Block) -> str | None:
 # --- running a page ------------------------------------------------------------------------
 
 # Run by ``manage.py shell -c``: imports the page's modules, then pastes its shell blocks.
-DRIVER = r"""
-import code, importlib, json, os, sys, traceback
-from django.core.management.commands.shell import Command
-
-spec = json.loads(open(os.environ["DOCS_RUN_SPEC"]).read())
-failures = {}
-for line, name in spec["modules"]:
-    if name.endswith(".workflows") and name not in sys.modules:
-        failures[line] = f"{name} was not imported when Django started (TasksAppConfig.ready)"
-        continue
-    try:
-        importlib.import_module(name)
-    except BaseException:
-        failures[line] = traceback.format_exc()
-
-
-class Paste(code.InteractiveConsole):
-    line = 0
-
-    def write(self, data):  # only tracebacks and syntax errors are written here
-        failures[str(self.line)] = failures.get(str(self.line), "") + data
-
-
-console = Paste(Command().get_namespace(verbosity=0))
-for line, text in spec["shell"]:
-    console.line = line
-    for source in text.splitlines():
-        console.push(source)
-    if console.push(""):  # the Enter that ends a compound statement, and it did not
-        console.write("the block ends inside an unfinished statement\n")
-        console.resetbuffer()
-with open(os.environ["DOCS_RUN_RESULTS"], "w") as out:
-    json.dump({str(k): v for k, v in failures.items()}, out)
-"""
+SESSION = Path(__file__).with_name("docs_shell_session.py")
 
 
 def module_file(folder: Path, block: Block) -> Path:
@@ -315,14 +290,18 @@ def _undefined_names(folder: Path, blocks: list[Block]) -> dict[int, str]:
 
 
 def _run(
-    command: list[str] | str, env: Mapping[str, str], timeout: float = 120, name: str = ""
+    command: list[str] | str,
+    env: Mapping[str, str],
+    timeout: float = 120,
+    name: str = "",
+    cwd: Path = ROOT,
 ) -> str | None:
     """None when the command exits 0, else what it said (``name`` names it there)."""
     args = ["bash", "-o", "pipefail", "-c", command] if isinstance(command, str) else command
     name = name or (command if isinstance(command, str) else " ".join(command))
     try:
         done = subprocess.run(
-            args, cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=timeout
+            args, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         return f"`{name}` still running after {timeout:g} s"
@@ -365,7 +344,7 @@ def run_page(blocks: list[Block], folder: Path, database: Mapping[str, str]) -> 
         )
         env_run = {**env, "DOCS_RUN_SPEC": str(spec), "DOCS_RUN_RESULTS": str(results)}
         crashed = _run(
-            [sys.executable, "manage.py", "shell", "-c", DRIVER],
+            [sys.executable, "manage.py", "shell", "-c", SESSION.read_text()],
             env_run,
             name="manage.py shell (the page's session)",
         )
@@ -377,13 +356,16 @@ def run_page(blocks: list[Block], folder: Path, database: Mapping[str, str]) -> 
                 failures[int(line)] = failures.get(int(line), "") + text
     command_blocks = [b for b in blocks if b.kind == "commands"]
     if command_blocks:
-        seeded = _run([sys.executable, "manage.py", "seed_demo"], env, name="manage.py seed_demo")
+        copy = folder / "project"
+        shutil.copytree(ROOT, copy, ignore=NOT_COPIED)
+        seed = [sys.executable, "manage.py", "seed_demo"]
+        seeded = _run(seed, env, name="manage.py seed_demo", cwd=copy)
         for block in command_blocks:
             if seeded:
                 failures[block.line] = "seeding the demo failed: " + seeded
                 continue
             for command in commands(block):
-                if failed := _run(command, env, timeout=60):
+                if failed := _run(command, env, timeout=60, cwd=copy):
                     failures[block.line] = failed
                     break
     return failures

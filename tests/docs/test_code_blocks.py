@@ -3,8 +3,6 @@ how each language runs and which directives mark a block): a broken example fail
 
 from __future__ import annotations
 
-import functools
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,21 +16,25 @@ RUN = [block for block in BLOCKS if block.runs]
 SHOWN = [block for block in BLOCKS if not block.runs]
 
 
-@functools.cache
-def page_failures(page: str) -> dict[int, str]:
+PAGE_FAILURES: dict[str, dict[int, str]] = {}
+
+
+def page_failures(page: str, folders: pytest.TempPathFactory) -> dict[int, str]:
     """A page's runnable blocks run once, together (later blocks may use what earlier ones
     defined), on the test database; what failed, by block."""
-    folder = Path(tempfile.mkdtemp(prefix="docs-"))
-    env = database_env(connection.settings_dict, settings.REDIS_URL)
-    return run_page([block for block in RUN if block.page == page], folder, env)
+    if page not in PAGE_FAILURES:
+        env = database_env(connection.settings_dict, settings.REDIS_URL)
+        blocks = [block for block in RUN if block.page == page]
+        PAGE_FAILURES[page] = run_page(blocks, folders.mktemp("docs"), env)
+    return PAGE_FAILURES[page]
 
 
 # Ids start at 1 again, so the tasks the examples name by id (42) are the seeded demo's.
 @pytest.mark.django_db(transaction=True, reset_sequences=True)
 @pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
-def test_the_block_works_as_pasted(block: Block) -> None:
+def test_the_block_works_as_pasted(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
     assert problem(block) is None, problem(block)
-    failure = page_failures(block.page).get(block.line)
+    failure = page_failures(block.page, tmp_path_factory).get(block.line)
     assert failure is None, f"{block.id} ({block.kind}) fails as pasted:\n{failure}"
 
 
@@ -80,6 +82,12 @@ make run
 # config/settings.py
 DEBUG = False
 ```
+
+```console
+$ python manage.py check
+System check identified no issues (0 silenced).
+$ sudo systemctl restart task-console-web
+```
 """
 
 
@@ -92,6 +100,7 @@ def test_blocks_that_are_neither_run_nor_excused_fail() -> None:
     assert "does not parse" in (found[21] or "")
     assert found[26] is None
     assert "would replace its package" in (found[30] or "")
+    assert "['sudo systemctl restart task-console-web']" in (found[35] or "")
 
 
 SESSION = """\
