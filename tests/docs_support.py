@@ -11,8 +11,8 @@ line before it (blank lines between them allowed):
   (an ``InteractiveConsole`` over the shell's namespace, as its python console reads pasted
   lines), in the page's order, so a later block may use what an earlier one defined; on a
   migrated PostgreSQL test database, with the page's modules installed.
-- ``sh``, ``bash``, ``shell``: each command line (``\\`` continues a line) run by bash in the
-  repository's root, the project's virtualenv first on ``PATH``, on the same database with
+- ``sh``, ``bash``, ``shell``: each command line (``\\`` continues a line) run by bash in a
+  scratch copy of the project, its virtualenv first on ``PATH``, on the same database with
   the demo seeded (``manage.py seed_demo``, as ``make run`` leaves it); each must exit 0.
   ``console``: the same, for the lines after ``$ `` (the rest is output).
 - ``json`` and ``yaml`` are parsed; ``text``, ``csv``, ``ini`` and ``log`` are output, shown
@@ -21,8 +21,9 @@ line before it (blank lines between them allowed):
 Directives:
 
 - ``<!-- run: no — REASON -->``: not run; REASON names the test that covers what the block
-  shows (``tests/….py``, which must exist). make and docker commands and anything that
-  starts a long-running server (honcho, gunicorn, a Celery worker or beat) need it.
+  shows (``tests/….py``, which must exist). Commands that cannot run in a test need it:
+  make and docker, those that start a long-running server (honcho, gunicorn, a Celery
+  worker or beat) and those that change the machine (sudo, systemctl, deploy/ scripts).
 - ``<!-- run: settings -->``: a python fragment of ``settings.py``, appended to the
   project's settings for the page's shell session, modules and commands.
 
