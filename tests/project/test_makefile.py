@@ -67,3 +67,38 @@ def test_make_run_on_another_port_links_mail_to_that_port(tmp_path: Path) -> Non
 def test_make_run_keeps_a_console_address_set_in_the_environment(tmp_path: Path) -> None:
     shown = make_run(tmp_path, "PORT=8270", CONSOLE_BASE_URL="https://console.example.com")
     assert shown[0] == "https://console.example.com"
+
+
+def test_make_reset_removes_the_embedded_state_and_keeps_the_virtualenv(tmp_path: Path) -> None:
+    venv = fake_venv(tmp_path)
+    var = tmp_path / "var"
+    for name in ("db.sqlite3", "broker/in/message", "mail/notice.eml", "celerybeat-schedule"):
+        (var / name).parent.mkdir(parents=True, exist_ok=True)
+        (var / name).write_text("state")
+    done = subprocess.run(
+        ["make", "--no-print-directory", "reset", f"VENV={venv}"],
+        cwd=ROOT,
+        env=clean_env(TASKS_VAR_DIR=str(var)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not var.exists()
+    assert (venv / "bin" / "python").exists()
+    assert (venv / ".installed-stamp").exists()
+    assert f"{venv} kept" in done.stdout
+
+
+def test_make_help_names_reset_and_says_it_keeps_the_virtualenv() -> None:
+    done = subprocess.run(
+        ["make", "--no-print-directory", "help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    reset = [line for line in done.stdout.splitlines() if line.startswith("make reset")]
+    assert reset and "keeps .venv" in reset[0]
