@@ -50,7 +50,7 @@ run: demo
 	@echo "  Console: http://$(HOST):$(PORT)/  (the users process prints the demo users and"
 	@echo "  their passwords once it answers; again any time: $(PY) manage.py demo_users)"
 	@echo ""
-	PORT=$(PORT) WEB_PORT=$(PORT) HOST=$(HOST) $(VENV)/bin/honcho -f Procfile.dev start
+	PORT=$(PORT) WEB_PORT=$(PORT) HOST=$(HOST) $(PY) scripts/dev_processes.py -f Procfile.dev start
 
 test: install
 	@scripts/with-services.sh $(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)

@@ -1,8 +1,8 @@
 """The Makefile's ``run`` target: what it hands the processes it starts.
 
 ``make run`` is run for real, on a virtualenv of the test's own whose ``python`` answers
-the set-up steps (migrate, seed) without doing them and whose ``honcho`` loads the settings
-with the environment make gives it and prints what the processes would read.
+the set-up steps (migrate, seed) without doing them and, asked to start the processes,
+loads the settings with the environment make gives them and prints what they would read.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ def fake_venv(folder: Path) -> Path:
     venv = folder / "venv"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
-    python.write_text("#!/bin/sh\nexit 0\n")
-    honcho = venv / "bin" / "honcho"
-    honcho.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{SHOW}"\n')
-    for script in (python, honcho):
-        script.chmod(0o755)
+    # Starting the processes (scripts/dev_processes.py, honcho) shows the settings instead.
+    python.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = scripts/dev_processes.py ] && exec "{sys.executable}" -c "{SHOW}"\n'
+        "exit 0\n"
+    )
+    python.chmod(0o755)
     stamp = venv / ".installed-stamp"
     stamp.touch()
     newer = (ROOT / "pyproject.toml").stat().st_mtime + 60
