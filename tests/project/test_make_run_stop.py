@@ -1,4 +1,5 @@
-"""Ctrl-C on `make run`: web, worker and beat stop within a deadline, the worker warm.
+"""`make run` for real: Ctrl-C stops web, worker and beat within a deadline, the worker
+warm; on another port, the approvals' mail links to that port.
 
 The Procfile.dev processes are started as `make run` starts them (its process manager,
 its environment, a port of the test's own) on the embedded default with a TASKS_VAR_DIR
@@ -8,7 +9,9 @@ of the test's own, and SIGINT goes to the manager's process group, as a terminal
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -50,6 +53,33 @@ def left_running(var_dir: Path) -> list[int]:
     return found
 
 
+DEV_PROCESSES = [PYTHON, "scripts/dev_processes.py", "-f", "Procfile.dev", "start"]
+
+
+def start(
+    env: dict[str, str], log_path: Path, command: list[str] = DEV_PROCESSES
+) -> subprocess.Popen[bytes]:
+    """The processes of Procfile.dev, started as `make run` starts them (or ``command``),
+    in a process group of their own (a terminal's foreground group), logging to
+    ``log_path``."""
+    with log_path.open("w") as log:
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def end(manager: subprocess.Popen[bytes], var_dir: Path) -> None:
+    for pid in [manager.pid, *left_running(var_dir)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    manager.wait(timeout=10)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
@@ -58,15 +88,7 @@ def test_ctrl_c_stops_every_process_and_the_worker_warm(tmp_path: Path) -> None:
     env = run_env(var_dir, spare_port())
     manage("migrate", "--noinput", env=env, timeout=90)
     log_path = tmp_path / "run.log"
-    with log_path.open("w") as log:
-        manager = subprocess.Popen(
-            [PYTHON, "scripts/dev_processes.py", "-f", "Procfile.dev", "start"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    manager = start(env, log_path)
     try:
         wait_for(
             lambda: " ready." in log_path.read_text() and "beat: Starting" in log_path.read_text(),
@@ -78,12 +100,46 @@ def test_ctrl_c_stops_every_process_and_the_worker_warm(tmp_path: Path) -> None:
         output = log_path.read_text()
         wait_for(lambda: not left_running(var_dir), timeout=10, what="every process to exit")
     finally:
-        for pid in [manager.pid, *left_running(var_dir)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        end(manager, var_dir)
     assert "Warm shutdown" in output
     for name in ("web.1", "worker.1", "beat.1"):
         assert f"{name} stopped" in output, output[-3000:]
     assert "SIGKILL" not in output, output[-3000:]
     trouble = [line for line in output.splitlines() if TROUBLE.search(line)]
     assert not trouble, trouble
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_on_another_port_the_approval_mail_links_to_that_port(tmp_path: Path) -> None:
+    var_dir = tmp_path / "var"
+    port = spare_port()
+    # `make run PORT=port` itself (it migrates, seeds the editors the notice goes to and
+    # starts the processes), with nothing but the Makefile naming the port to them.
+    env = run_env(var_dir, port)
+    for name in ("HOST", "PORT", "WEB_PORT", "PUBLISH_URL", "MAIL_URL", "CONSOLE_BASE_URL"):
+        env.pop(name)
+    env.pop("TASKS_FAKE_REMOTES")
+    log_path = tmp_path / "run.log"
+    venv = Path(PYTHON).parent.parent
+    manager = start(
+        env, log_path, ["make", "--no-print-directory", "run", f"VENV={venv}", f"PORT={port}"]
+    )
+    title = f"Ports follow make run {port}"
+    try:
+        wait_for(lambda: " ready." in log_path.read_text(), timeout=180)
+        payload = json.dumps({"article_id": "port-check", "title": title, "brief": "b"})
+        manage("enqueue", "publish_article", "--payload", payload, "--key", "port", env=env)
+
+        def notice() -> str | None:
+            mail = manage("mailbox", "--last", "50", env=env)
+            found = [m for m in mail.split("-" * 72) if title in m]
+            return found[0] if found else None
+
+        body = wait_for(notice, timeout=90, interval=0.5, what=lambda: log_path.read_text()[-3000:])
+    finally:
+        end(manager, var_dir)
+    links = re.findall(r"https?://\S+", body)
+    assert links, body
+    assert all(link.startswith(f"http://127.0.0.1:{port}/") for link in links), links
