@@ -16,10 +16,12 @@ demo run: export CONSOLE_BASE_URL ?= http://$(HOST):$(PORT)
 # Served by the demo even when DATABASE_URL points it at PostgreSQL.
 demo run: export TASKS_FAKE_REMOTES ?= 1
 
-.PHONY: help install run migrate demo test test-fast chaos lint format clean bench bench-quick docker-check
+.PHONY: help install run migrate demo test test-fast chaos lint format reset clean bench bench-quick docker-check
 
 help:
 	@echo "make run    set up (venv, install, migrate, demo data) and start web + worker + beat"
+	@echo "make reset  start the demo afresh: remove the embedded database, broker and mail under var/ (keeps .venv)"
+	@echo "make clean  remove var/ and the virtualenv (.venv) too"
 	@echo "make test   run the whole suite but the fault drills against PostgreSQL and Redis"
 	@echo "make test-fast  the same without the worker-process and browser tests (e2e, browser)"
 	@echo "make chaos  the fault drills: workers, Redis and PostgreSQL killed and restarted"
@@ -48,7 +50,7 @@ run: demo
 	@echo "  Console: http://$(HOST):$(PORT)/  (the users process prints the demo users and"
 	@echo "  their passwords once it answers; again any time: $(PY) manage.py demo_users)"
 	@echo ""
-	PORT=$(PORT) WEB_PORT=$(PORT) HOST=$(HOST) $(VENV)/bin/honcho -f Procfile.dev start
+	PORT=$(PORT) WEB_PORT=$(PORT) HOST=$(HOST) $(PY) scripts/dev_processes.py -f Procfile.dev start
 
 test: install
 	@scripts/with-services.sh $(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
@@ -95,5 +97,14 @@ bench: $(BENCH_STAMP)
 bench-quick: $(BENCH_STAMP)
 	$(BENCH_PY) -m bench.run --mode quick $(BENCH_ARGS)
 
-clean:
-	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache
+# The embedded mode's state (SQLite database, file broker, mail, beat's schedule) lives in
+# TASKS_VAR_DIR, var/ unless set; a PostgreSQL or Redis named by DATABASE_URL or REDIS_URL
+# is left alone. The virtualenv stays, so the next `make run` only migrates and seeds.
+VAR_DIR := $(or $(TASKS_VAR_DIR),var)
+
+reset:
+	rm -rf $(VAR_DIR)
+	@echo "Removed $(VAR_DIR)/ (embedded database, broker, mail); $(VENV) kept. \`make run\` starts afresh."
+
+clean: reset
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -72,7 +72,8 @@ def test_it_leaves_a_dead_letter_of_each_error_class(
     var_dir: Path, error_class: str, reason: str
 ) -> None:
     seed()
-    step = Step.objects.select_related("task").get(
+    fixed = Step.objects.exclude(task__idempotency_key__startswith=seed_demo.FRESH_PREFIX)
+    step = fixed.select_related("task").get(
         status=StepStatus.DEAD, error_class=error_class, task__workflow="demo.flaky"
     )
     assert step.task.status == TaskStatus.DEAD
@@ -144,14 +145,30 @@ def test_it_leaves_tasks_pending_for_the_worker(var_dir: Path) -> None:
     assert {"demo:noop:1", "demo:noop:2", "demo:reply:T-1001"} <= pending
 
 
-def test_running_it_twice_adds_nothing(var_dir: Path) -> None:
+def fixed_tasks() -> dict[int, str]:
+    fixed = Task.objects.exclude(idempotency_key__startswith=seed_demo.FRESH_PREFIX)
+    return dict(fixed.values_list("pk", "status"))
+
+
+def test_a_second_run_adds_a_fresh_batch_and_nothing_else(var_dir: Path) -> None:
     seed()
-    counts = (Task.objects.count(), Step.objects.count(), ApprovalRequest.objects.count())
-    statuses = dict(Task.objects.values_list("pk", "status"))
+    users = User.objects.count()
+    statuses = fixed_tasks()
+    approvals_made = ApprovalRequest.objects.count()
+    first = set(Task.objects.values_list("pk", flat=True))
     second = seed()
-    assert (Task.objects.count(), Step.objects.count(), ApprovalRequest.objects.count()) == counts
-    assert dict(Task.objects.values_list("pk", "status")) == statuses
+    assert fixed_tasks() == statuses
+    assert ApprovalRequest.objects.count() == approvals_made
+    assert User.objects.count() == users
     assert "0 new" in second and "password:" not in second
+    new = Task.objects.exclude(pk__in=first)
+    assert new.count() == len(seed_demo.FRESH_BATCH)
+    keys = new.values_list("idempotency_key", flat=True)
+    assert all((key or "").startswith(seed_demo.FRESH_PREFIX) for key in keys)
+    # Something finished, something dead and something waiting for the worker, each run.
+    assert {TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.PENDING} <= set(
+        new.values_list("status", flat=True)
+    )
 
 
 def test_a_second_run_leaves_a_decision_made_in_the_console_alone(var_dir: Path) -> None:
@@ -276,7 +293,10 @@ def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
     assert User.objects.get(username="editor2").groups.filter(name="editors").exists()
     assert senior.email == demo_address("senior")
     seeded = len(seed_demo.DEMO_TASKS) + len(seed_demo.DEAD_LETTERS) + len(seed_demo.HISTORY)
-    assert Task.objects.filter(idempotency_key__startswith="demo:").count() == seeded
+    demo = Task.objects.filter(idempotency_key__startswith="demo:")
+    fixed = demo.exclude(idempotency_key__startswith=seed_demo.FRESH_PREFIX)
+    assert fixed.count() == seeded
+    assert demo.count() == seeded + 2 * len(seed_demo.FRESH_BATCH)
     # An article waits for the demo editor, who is allowed to decide on it.
     editor = User.objects.get(username="editor")
     assert editor.groups.filter(name="editors").exists()

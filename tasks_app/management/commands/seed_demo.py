@@ -7,8 +7,11 @@ timestamps: a retry that is not yet due is made due by moving its ``available_at
 as the tests move time, and the finished history is spread over the last hour so the
 overview's throughput chart has an hour to draw. Status fields are never written here.
 
-Running it again creates nothing: keys make the enqueue idempotent, and each scenario
-goes on only from where the seed left it, never past what a person did in the console.
+The users and the fixed scenarios are made once: keys make their enqueue idempotent, and
+each scenario goes on only from where the seed left it, never past what a person did in the
+console. Every run also adds a small fresh batch (:data:`FRESH_BATCH`, keys stamped with the
+run's time): one finished here, one dead-lettered here, the rest left for the worker, so
+each `make run` opens on something happening.
 """
 
 from __future__ import annotations
@@ -100,6 +103,22 @@ HISTORY: list[dict[str, Any]] = [
 ]
 HISTORY_MINUTES = 60
 
+# Added again on every run, under keys of that run: ``settle`` runs it here until it is no
+# longer pending; the others wait for the worker (the flaky one retries, then succeeds).
+FRESH_BATCH: list[dict[str, Any]] = [
+    {"name": "noop-a", "workflow": "demo.noop", "payload": {"fresh": "a"}},
+    {"name": "noop-b", "workflow": "demo.noop", "payload": {"fresh": "b"}},
+    {"name": "flaky", "workflow": "demo.flaky", "payload": {"fail_first": 1}},
+    {"name": "done", "workflow": "demo.noop", "payload": {"fresh": "done"}, "settle": True},
+    {
+        "name": "dead",
+        "workflow": "demo.flaky",
+        "payload": {"error": "permanent", "fail_first": 1},
+        "settle": True,
+    },
+]
+FRESH_PREFIX = "demo:fresh:"
+
 
 class Command(BaseCommand):
     help = (
@@ -137,8 +156,31 @@ class Command(BaseCommand):
         self.stdout.write(
             f"  {finished} demo.noop tasks finished over the last {HISTORY_MINUTES} minutes"
         )
+        fresh = self._fresh_batch()
+        states = ", ".join(f"#{task.pk} {task.status}" for task in fresh)
+        self.stdout.write(f"  fresh this run: {states}")
         pending = Task.objects.filter(status=TaskStatus.PENDING).count()
         self.stdout.write(f"  {pending} tasks pending for the worker")
+
+    # --- this run's fresh batch ------------------------------------------------------------
+
+    def _fresh_batch(self) -> list[Task]:
+        """Enqueue :data:`FRESH_BATCH` under keys of this run, settle the ones marked so,
+        and return the batch's tasks."""
+        stamp = services.db_now().strftime("%Y%m%dT%H%M%S.%f")
+        items = [
+            {
+                "workflow": item["workflow"],
+                "payload": item["payload"],
+                "idempotency_key": f"{FRESH_PREFIX}{stamp}:{item['name']}",
+            }
+            for item in FRESH_BATCH
+        ]
+        tasks = [result.task for result in services.enqueue_many(items, actor=ACTOR)]
+        for item, task in zip(FRESH_BATCH, tasks, strict=True):
+            if item.get("settle"):
+                self._run_until_settled(task)
+        return tasks
 
     # --- dead letters ---------------------------------------------------------------------
 
