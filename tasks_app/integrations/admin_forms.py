@@ -129,6 +129,18 @@ def workflows_help() -> SafeString:
     )
 
 
+class DescribedSplitDateTime(AdminSplitDateTime):
+    """Django's date and time inputs, described by the field's help text. Django's point at
+    a time-zone warning its script adds only when the browser's zone differs from the
+    server's, so otherwise they point at nothing and the help is not read out."""
+
+    def get_context(self, name: str, value: Any, attrs: dict[str, Any] | None) -> dict[str, Any]:
+        context = super().get_context(name, value, attrs)
+        for widget in context["widget"]["subwidgets"]:
+            widget["attrs"]["aria-describedby"] = f"id_{name}_helptext"
+        return context
+
+
 class EnqueueForm(forms.Form):
     class Media:
         # Shows the payload rules of the workflow chosen (see workflows_help).
@@ -159,7 +171,7 @@ class EnqueueForm(forms.Form):
     )
     run_after = forms.SplitDateTimeField(
         required=False,
-        widget=AdminSplitDateTime,
+        widget=DescribedSplitDateTime,
         label="Run after",
         help_text=f"Optional; not before this time ({settings.TIME_ZONE}).",
     )
