@@ -17,8 +17,8 @@ from tasks_app.exceptions import InvalidInput, InvalidPayload, UnknownWorkflow
 from tasks_app.integrations.admin_forms import EnqueueForm
 from tasks_app.models import Event, Task
 from tasks_app.workflows import registry
+from tests.admin_support import ADD_URL, enqueue_form, form_errors, staff_client
 from tests.command_support import refused
-from tests.integrations.test_admin import ADD_URL, enqueue_form, form_errors, staff_client
 
 if TYPE_CHECKING:
     from django.test.client import _MonkeyPatchedWSGIResponse as Response
