@@ -28,50 +28,16 @@ from typing import Any
 from django.conf import settings
 
 from approvals import notices, remote
+from approvals.payloads import (
+    check_article_draft,
+    check_reply_draft,
+    validate_article,
+    validate_ticket,
+)
 from approvals.steps import approval_step, check_workflow, draft_hash
 from tasks_app.demo.workflows import pause
-from tasks_app.exceptions import InvalidPayload, PermanentError
+from tasks_app.exceptions import InvalidInput, InvalidPayload, PermanentError, refuse_all
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register
-
-# --- payloads ------------------------------------------------------------------------------
-
-
-def _fields(payload: dict[str, Any], limits: dict[str, int]) -> None:
-    """Exactly the named fields, each a non-empty string within its length limit."""
-    for name in sorted(set(payload) - set(limits)):
-        raise InvalidPayload(f"payload.{name}", "known_field", f"payload.{name}: not a field")
-    _texts(payload, limits, "payload")
-
-
-def _texts(values: dict[str, Any], limits: dict[str, int], prefix: str) -> None:
-    """Each named field a non-empty string within its length limit (errors name
-    ``<prefix>.<field>``)."""
-    for name, limit in limits.items():
-        value = values.get(name)
-        field = f"{prefix}.{name}"
-        if not isinstance(value, str) or not value.strip():
-            raise InvalidPayload(field, "required", f"{field}: a non-empty string is required")
-        if len(value) > limit:
-            raise InvalidPayload(field, "max_length", f"{field}: at most {limit} characters")
-
-
-def validate_article(payload: dict[str, Any]) -> None:
-    _fields(payload, {"article_id": 100, "title": 300, "brief": 10_000})
-
-
-def validate_ticket(payload: dict[str, Any]) -> None:
-    _fields(payload, {"ticket_id": 100, "customer_id": 100, "message": 10_000})
-
-
-# --- drafts an editor edits in review: the same rules, on the draft's text fields ------------
-
-
-def check_article_draft(draft: dict[str, Any]) -> None:
-    _texts(draft, {"title": 300, "body": 20_000}, "draft")
-
-
-def check_reply_draft(draft: dict[str, Any]) -> None:
-    _texts(draft, {"subject": 300, "body": 20_000}, "draft")
 
 
 def _approved(ctx: StepContext, draft_step: str, review_step: str) -> dict[str, Any]:
@@ -295,13 +261,17 @@ PRESS_RELEASE = register(
 
 
 def validate_notice(payload: dict[str, Any]) -> None:
+    errors: list[InvalidInput] = []
     if payload.get("kind") not in notices.KINDS:
-        raise InvalidPayload(
-            "payload.kind", "choice", f"payload.kind: one of {', '.join(notices.KINDS)}"
+        errors.append(
+            InvalidPayload(
+                "payload.kind", "choice", f"payload.kind: one of {', '.join(notices.KINDS)}"
+            )
         )
     to = payload.get("to")
     if not isinstance(to, list) or not to or not all(isinstance(name, str) for name in to):
-        raise InvalidPayload("payload.to", "required", "payload.to: a list of usernames")
+        errors.append(InvalidPayload("payload.to", "required", "payload.to: a list of usernames"))
+    refuse_all(errors)
 
 
 NOTIFY = register(
@@ -316,6 +286,8 @@ NOTIFY = register(
         validate_payload=validate_notice,
         description="Tells approvers by mail that a draft waits for them (once per request "
         "and kind).",
+        # Enqueued when a request opens or nears its deadline, never by a person.
+        internal=True,
     )
 )
 
@@ -327,18 +299,27 @@ DELIVERY_REMOTES = {"publish": True, "mail": False}
 
 
 def validate_delivery(payload: dict[str, Any]) -> None:
-    for name in sorted(set(payload) - {"remote", "sleep", "linger"}):
-        raise InvalidPayload(f"payload.{name}", "known_field", f"payload.{name}: not a field")
+    errors: list[InvalidInput] = [
+        InvalidPayload(f"payload.{name}", "known_field", f"payload.{name}: not a field")
+        for name in sorted(set(payload) - {"remote", "sleep", "linger"})
+    ]
     if payload.get("remote") not in DELIVERY_REMOTES:
-        raise InvalidPayload(
-            "payload.remote", "choice", f"payload.remote: one of {', '.join(DELIVERY_REMOTES)}"
+        errors.append(
+            InvalidPayload(
+                "payload.remote",
+                "choice",
+                f"payload.remote: one of {', '.join(DELIVERY_REMOTES)}",
+            )
         )
     for name in ("sleep", "linger"):
         value = payload.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 60:
-            raise InvalidPayload(
-                f"payload.{name}", "range", f"payload.{name}: a number of seconds from 0 to 60"
+            errors.append(
+                InvalidPayload(
+                    f"payload.{name}", "range", f"payload.{name}: a number of seconds from 0 to 60"
+                )
             )
+    refuse_all(errors)
 
 
 def deliver(ctx: StepContext) -> dict[str, Any]:

@@ -363,5 +363,7 @@ register(
         steps=(StepSpec("call", call),),
         validate_payload=validate_call_payload,
         description="A django.tasks function.",
+        # Enqueued by the backend for a @task function, not chosen by name.
+        internal=True,
     )
 )

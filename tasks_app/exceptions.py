@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from typing import ClassVar
 
 from django.core.exceptions import PermissionDenied
@@ -20,6 +21,8 @@ class InvalidInput(ValueError):
     def __init__(self, field: str, rule: str, message: str | None = None) -> None:
         self.field = field
         self.rule = rule
+        # Every rule the input broke, this one alone unless made by :func:`all_of`.
+        self.errors: tuple[InvalidInput, ...] = (self,)
         super().__init__(message or f"{field}: {rule}")
 
     @property
@@ -34,6 +37,27 @@ class InvalidPayload(InvalidInput):
 
 class UnknownWorkflow(InvalidInput):
     pass
+
+
+def all_of(errors: Sequence[InvalidInput]) -> InvalidInput:
+    """One error for every rule an input broke, so a person fixes them all at once: the
+    first's field and rule, each one's message (``; ``-separated) and each in ``.errors``.
+    A single error is itself; several are an :class:`InvalidPayload` when all are."""
+    flat = [each for error in errors for each in error.errors]
+    if not flat:
+        raise ValueError("all_of needs at least one error")
+    if len(flat) == 1:
+        return flat[0]
+    kind = InvalidPayload if all(isinstance(e, InvalidPayload) for e in flat) else InvalidInput
+    combined = kind(flat[0].field, flat[0].rule, "; ".join(str(error) for error in flat))
+    combined.errors = tuple(flat)
+    return combined
+
+
+def refuse_all(errors: Sequence[InvalidInput]) -> None:
+    """Raise :func:`all_of` the errors, if there are any."""
+    if errors:
+        raise all_of(errors)
 
 
 class IdempotencyConflict(Exception):

@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from tasks_app.exceptions import InvalidInput, InvalidPayload
+from tasks_app.exceptions import InvalidInput, InvalidPayload, refuse_all
 
 MAX_PAYLOAD_BYTES = 65_536
 MAX_DEPTH = 32
@@ -23,6 +23,8 @@ MIN_PRIORITY, MAX_PRIORITY = -100, 100
 MAX_INT_DIGITS = 1000
 MAX_INT_BITS = 3321  # 2**3321 < 10**1000 < 2**3322: below it, no need to compare
 INT_LIMIT = 10**MAX_INT_DIGITS
+# How many broken rules one refusal of a payload lists; the walk stops there.
+MAX_ERRORS = 50
 
 
 def _dumps(payload: Any) -> str:
@@ -54,24 +56,28 @@ def payload_hash(workflow: str, canonical: str) -> str:
     return hashlib.sha256(f"{workflow}\n{canonical}".encode()).hexdigest()
 
 
-def _check_string(value: str, where: str, field: str) -> None:
+def _string_errors(value: str, where: str, field: str) -> list[InvalidInput]:
     if "\x00" in value:
-        raise InvalidPayload(field, "no_nul", f"{field}: {where} contains \\u0000")
+        return [InvalidPayload(field, "no_nul", f"{field}: {where} contains \\u0000")]
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidPayload(
-            field, "valid_unicode", f"{field}: {where} contains a lone surrogate"
-        ) from None
+        return [
+            InvalidPayload(field, "valid_unicode", f"{field}: {where} contains a lone surrogate")
+        ]
+    return []
 
 
 def validate_payload(payload: Any, *, field: str = "payload") -> str:
-    """Check ``payload`` against the rules and return its canonical JSON.
+    """Check ``payload`` against the rules and return its canonical JSON; refuse it with
+    every rule it breaks at once (:func:`tasks_app.exceptions.all_of`).
 
     1. The top value is a dict (a JSON object).
     2. Walk it iteratively (no recursion, so a deep payload cannot blow the stack),
-       checking depth, key types, strings, numbers and that every value is a JSON type.
-    3. Serialise canonically and check the size in UTF-8 bytes.
+       checking depth, key types, strings, numbers and that every value is a JSON type;
+       a value too deep is not walked further.
+    3. Stop after :data:`MAX_ERRORS` broken rules.
+    4. If it broke none of those, serialise canonically and check the size in UTF-8 bytes.
     """
 
     def bad(rule: str, message: str) -> InvalidPayload:
@@ -79,49 +85,56 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
 
     if not isinstance(payload, dict):
         raise bad("object", "must be a JSON object")
+    errors: list[InvalidInput] = []
     stack: list[tuple[Any, int, str]] = [(payload, 1, "$")]
-    while stack:
+    while stack and len(errors) < MAX_ERRORS:
         value, depth, where = stack.pop()
-        if isinstance(value, dict):
-            if depth > MAX_DEPTH:
-                raise bad("max_depth", f"nesting deeper than {MAX_DEPTH} levels at {where}")
+        if isinstance(value, dict | list) and depth > MAX_DEPTH:
+            errors.append(bad("max_depth", f"nesting deeper than {MAX_DEPTH} levels at {where}"))
+        elif isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise bad("string_keys", f"key {key!r} at {where} is not a string")
-                _check_string(key, f"key at {where}", field)
+                    errors.append(bad("string_keys", f"key {key!r} at {where} is not a string"))
+                    continue
+                errors.extend(_string_errors(key, f"key at {where}", field))
                 stack.append((item, depth + 1, f"{where}.{key}"))
         elif isinstance(value, list):
-            if depth > MAX_DEPTH:
-                raise bad("max_depth", f"nesting deeper than {MAX_DEPTH} levels at {where}")
             for index, item in enumerate(value):
                 stack.append((item, depth + 1, f"{where}[{index}]"))
         elif isinstance(value, str):
-            _check_string(value, where, field)
+            errors.extend(_string_errors(value, where, field))
         elif isinstance(value, bool) or value is None:
             pass
         elif isinstance(value, int):
             # Checked by size, not by printing it: Python refuses to print integers of
             # more than 4,300 digits, and nothing this large is a business value.
             if value.bit_length() > MAX_INT_BITS and abs(value) >= INT_LIMIT:
-                raise bad(
-                    "integer_range",
-                    f"{where} is an integer of more than {MAX_INT_DIGITS} digits; "
-                    "send it as a string",
+                errors.append(
+                    bad(
+                        "integer_range",
+                        f"{where} is an integer of more than {MAX_INT_DIGITS} digits; "
+                        "send it as a string",
+                    )
                 )
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise bad("finite_numbers", f"{where} is NaN or Infinity")
-            if abs(value) >= MAX_JSON_FLOAT:
-                raise bad(
-                    "float_range",
-                    f"{where} is a float of 1e16 or more, which does not round-trip; "
-                    "send an int or a string",
+                errors.append(bad("finite_numbers", f"{where} is NaN or Infinity"))
+            elif abs(value) >= MAX_JSON_FLOAT:
+                errors.append(
+                    bad(
+                        "float_range",
+                        f"{where} is a float of 1e16 or more, which does not round-trip; "
+                        "send an int or a string",
+                    )
                 )
         else:
-            raise bad(
-                "json_types",
-                f"{where} is a {type(value).__name__}, which does not round-trip through JSON",
+            errors.append(
+                bad(
+                    "json_types",
+                    f"{where} is a {type(value).__name__}, which does not round-trip through JSON",
+                )
             )
+    refuse_all(errors)
     canonical = canonical_json(payload)
     if len(canonical.encode("utf-8")) > MAX_PAYLOAD_BYTES:
         raise bad("max_bytes", f"canonical JSON is larger than {MAX_PAYLOAD_BYTES} bytes")

@@ -71,6 +71,9 @@ class Workflow:
     steps: tuple[StepSpec, ...]
     validate_payload: PayloadValidator | None = None
     description: str = ""
+    # Enqueued by the system itself (an approval's mail, a django.tasks call), never by a
+    # person: the admin does not offer it, and a refusal of a name does not list it.
+    internal: bool = False
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -126,11 +129,15 @@ class Registry:
     def latest(self, name: str) -> Workflow:
         versions = [wf for (n, _), wf in self._workflows.items() if n == name]
         if not versions:
-            raise UnknownWorkflow("workflow", "registered", f"workflow: {name!r} is not registered")
+            raise unknown_workflow(name, self)
         return max(versions, key=lambda wf: wf.version)
 
     def names(self) -> list[str]:
         return sorted({name for name, _ in self._workflows})
+
+    def public_names(self) -> list[str]:
+        """The workflows a person may choose: not the ones the system enqueues itself."""
+        return [name for name in self.names() if not self.latest(name).internal]
 
     def versions(self, name: str) -> list[int]:
         """The versions of ``name`` registered in this process, oldest first."""
@@ -139,6 +146,15 @@ class Registry:
 
 registry = Registry()
 register = registry.register
+
+
+def unknown_workflow(name: str, known_in: Registry | None = None) -> UnknownWorkflow:
+    """The refusal of a workflow name nobody registered: it names the field, the rule and
+    the workflows a person may choose (not the internal ones)."""
+    known = ", ".join((known_in or registry).public_names()) or "(none)"
+    return UnknownWorkflow(
+        "workflow", "registered", f"workflow: {name!r} is not a registered workflow; known: {known}"
+    )
 
 
 @dataclass(frozen=True)

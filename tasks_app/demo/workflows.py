@@ -8,7 +8,14 @@ import signal
 import time
 from typing import Any
 
-from tasks_app.exceptions import InvalidPayload, OutcomeUnknown, PermanentError, RetryableError
+from tasks_app.exceptions import (
+    InvalidInput,
+    InvalidPayload,
+    OutcomeUnknown,
+    PermanentError,
+    RetryableError,
+    refuse_all,
+)
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register
 
 FLAKY_ERRORS = {
@@ -28,17 +35,19 @@ def validate_flaky(payload: dict[str, Any]) -> None:
     def bad(name: str, rule: str, message: str) -> InvalidPayload:
         return InvalidPayload(f"payload.{name}", rule, f"payload.{name}: {message}")
 
+    errors: list[InvalidInput] = []
     for name in ("fail_first", "seed"):
         value = payload.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(name, "non_negative_integer", "must be an integer >= 0")
+            errors.append(bad(name, "non_negative_integer", "must be an integer >= 0"))
     for name, upper in (("fail_rate", 1.0), ("sleep", 3600.0)):
         value = payload.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= upper:
-            raise bad(name, "range", f"must be a number from 0 to {upper:g}")
+            errors.append(bad(name, "range", f"must be a number from 0 to {upper:g}"))
     error = payload.get("error", "retryable")
     if not isinstance(error, str) or error not in FLAKY_ERRORS:
-        raise bad("error", "choice", f"must be one of {', '.join(FLAKY_ERRORS)}")
+        errors.append(bad("error", "choice", f"must be one of {', '.join(FLAKY_ERRORS)}"))
+    refuse_all(errors)
 
 
 def pause(ctx: StepContext, seconds: float) -> None:

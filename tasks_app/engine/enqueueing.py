@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 
@@ -16,10 +16,12 @@ from tasks_app.access import Actor, actor_fields
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fastpath import insert_tasks
 from tasks_app.engine.transitions import bump_counter, db_now, fast_path_enabled, step_state
-from tasks_app.exceptions import IdempotencyConflict, InvalidInput
+from tasks_app.exceptions import IdempotencyConflict, InvalidInput, all_of
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus, step_key
 from tasks_app.observability import counting
 from tasks_app.workflows import Workflow, registry
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,30 +56,57 @@ def _prepare(
     run_after: Any = None,
     prefix: str = "",
 ) -> PreparedItem:
-    def named(exc: InvalidInput) -> InvalidInput:
-        if prefix:
-            exc.field = prefix + exc.field
-            exc.args = (prefix + str(exc),)
-        return exc
+    """Check every input rule and return the item; refuse it with all the rules it
+    breaks at once (``InvalidInput.errors``), each field named with ``prefix``. The
+    workflow's own payload rules are checked once the workflow is known and the payload
+    passed the general ones."""
+    errors: list[InvalidInput] = []
 
-    try:
-        if not isinstance(workflow, str):
-            raise InvalidInput("workflow", "registered", "workflow: must be a workflow name")
-        flow = registry.latest(workflow)
-        canonical = validation.validate_payload(payload)
-        flow.check_payload(payload)
-        return PreparedItem(
-            workflow=flow,
-            # The stored payload is exactly what the canonical form says.
-            payload=json.loads(canonical),
-            payload_hash=validation.payload_hash(flow.name, canonical),
-            idempotency_key=validation.validate_idempotency_key(idempotency_key),
-            queue=validation.validate_queue(queue),
-            priority=validation.validate_priority(priority),
-            run_after=validation.validate_run_after(run_after),
-        )
-    except InvalidInput as exc:
-        raise named(exc) from None
+    def check(rule: Callable[..., T], *args: Any) -> T | None:
+        try:
+            return rule(*args)
+        except InvalidInput as exc:
+            errors.append(exc)
+            return None
+
+    flow: Workflow | None = None
+    if isinstance(workflow, str):
+        flow = check(registry.latest, workflow)
+    else:
+        errors.append(InvalidInput("workflow", "registered", "workflow: must be a workflow name"))
+    canonical = check(validation.validate_payload, payload)
+    if flow is not None and canonical is not None:
+        check(flow.check_payload, payload)
+    key = check(validation.validate_idempotency_key, idempotency_key)
+    checked_queue = check(validation.validate_queue, queue)
+    checked_priority = check(validation.validate_priority, priority)
+    checked_run_after = check(validation.validate_run_after, run_after)
+    if errors:
+        raise all_of([_prefixed(error, prefix) for error in errors]) from None
+    assert flow is not None and canonical is not None
+    assert checked_queue is not None and checked_priority is not None
+    return PreparedItem(
+        workflow=flow,
+        # The stored payload is exactly what the canonical form says.
+        payload=json.loads(canonical),
+        payload_hash=validation.payload_hash(flow.name, canonical),
+        idempotency_key=key,
+        queue=checked_queue,
+        priority=checked_priority,
+        run_after=checked_run_after,
+    )
+
+
+def _prefixed(error: InvalidInput, prefix: str) -> InvalidInput:
+    """The error with its fields named as in a batch (``items[2].payload``)."""
+    if not prefix:
+        return error
+    for each in error.errors:
+        each.field = prefix + each.field
+        each.args = (prefix + str(each),)
+    if len(error.errors) > 1:
+        return all_of(error.errors)
+    return error
 
 
 def enqueue(

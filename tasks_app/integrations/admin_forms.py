@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from typing import Any
 
 from django import forms
@@ -19,7 +20,7 @@ from django.utils.safestring import SafeString
 
 from tasks_app.exceptions import InvalidInput
 from tasks_app.validation import MAX_PRIORITY, MIN_PRIORITY
-from tasks_app.workflows import PayloadValidator, Workflow, registry
+from tasks_app.workflows import PayloadValidator, Workflow, registry, unknown_workflow
 
 # What a field the validator asks for is filled with while its rules are read.
 PLACEHOLDER = "…"
@@ -35,10 +36,10 @@ def payload_rules(flow: Workflow) -> list[str]:
     The registry offers each workflow's validator, not a schema, so the rules are read
     from the validator itself (they cannot drift from what enqueue checks):
 
-    1. Its docstring, if it has one.
-    2. Its answer to an empty object; while it answers that a top-level field is
-       required, fill that field with a placeholder string and ask again, until it accepts
-       the payload or names another rule. Each answer is one line of the help.
+    1. Its docstring, if it has one, as plain text.
+    2. Its answer to an empty object, one line per rule it names; while it answers that
+       top-level fields are required, fill them with a placeholder string and ask again,
+       until it accepts the payload or names only other rules.
     3. Once it accepts the payload, whether it refuses a field it did not ask for.
     """
     validate = flow.validate_payload
@@ -47,7 +48,7 @@ def payload_rules(flow: Workflow) -> list[str]:
     lines = []
     doc = inspect.getdoc(validate)
     if doc:
-        lines.append(doc)
+        lines.append(plain_text(doc))
     probe: dict[str, Any] = {}
     for _ in range(MAX_PROBES):
         refusal = _refusal(validate, probe)
@@ -57,13 +58,27 @@ def payload_rules(flow: Workflow) -> list[str]:
             elif _refusal(validate, {**probe, EXTRA_FIELD: PLACEHOLDER}) is not None:
                 lines.append("No other fields.")
             break
-        lines.append(str(refusal))
-        name = refusal.field.removeprefix("payload.")
-        simple = refusal.field.startswith("payload.") and name.isidentifier()
-        if refusal.rule != "required" or not simple or name in probe:
+        lines.extend(str(error) for error in refusal.errors if str(error) not in lines)
+        required = [
+            name
+            for error in refusal.errors
+            if error.rule == "required" and error.field.startswith("payload.")
+            for name in [error.field.removeprefix("payload.")]
+            if name.isidentifier() and name not in probe
+        ]
+        if not required:
             break
-        probe[name] = PLACEHOLDER
+        probe.update(dict.fromkeys(required, PLACEHOLDER))
     return lines
+
+
+# reStructuredText roles and literals in a docstring: :func:`name` and ``name`` read as name.
+_RST_MARKUP = re.compile(r"(?::[a-z]+:)?`{1,2}([^`]+)`{1,2}")
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as a person reads it: no reST markup, one paragraph."""
+    return " ".join(_RST_MARKUP.sub(r"\1", doc).split())
 
 
 def _refusal(validate: PayloadValidator, payload: dict[str, Any]) -> InvalidInput | None:
@@ -82,32 +97,55 @@ def _steps(flow: Workflow) -> str:
     )
 
 
+def public_workflows() -> list[Workflow]:
+    """The workflows a person may enqueue (their latest versions), by name."""
+    return [registry.latest(name) for name in registry.public_names()]
+
+
 def workflows_help() -> SafeString:
-    """Each registered workflow (its latest version): what it does, its steps, and its
-    payload rules; escaped, as a list for the payload field's help."""
-    flows = [registry.latest(name) for name in registry.names()]
+    """Each workflow a person may enqueue: what it does, its steps, and its payload rules;
+    escaped, as a list for the payload field's help. Each item names its workflow, so the
+    page's script shows only the chosen one's (``static/admin/tasks_app/enqueue.js``)."""
     items = format_html_join(
         "",
-        "<li><strong>{}</strong> v{}: {} <span class='quiet'>Steps: {}.</span><ul>{}</ul></li>",
+        '<li data-workflow="{}"><strong>{}</strong> v{}: {} <span class="quiet">Steps: {}.'
+        "</span><ul>{}</ul></li>",
         (
             (
+                flow.name,
                 flow.name,
                 flow.version,
                 flow.description or "(no description)",
                 _steps(flow),
                 format_html_join("", "<li>{}</li>", ((line,) for line in payload_rules(flow))),
             )
-            for flow in flows
+            for flow in public_workflows()
         ),
     )
     return format_html(
         "A JSON object, checked by the input rules and by the chosen workflow's own rules:"
-        "<ul class='workflow-rules'>{}</ul>",
+        '<ul class="workflow-rules">{}</ul>',
         items,
     )
 
 
+class DescribedSplitDateTime(AdminSplitDateTime):
+    """Django's date and time inputs, described by the field's help text. Django's point at
+    a time-zone warning its script adds only when the browser's zone differs from the
+    server's, so otherwise they point at nothing and the help is not read out."""
+
+    def get_context(self, name: str, value: Any, attrs: dict[str, Any] | None) -> dict[str, Any]:
+        context = super().get_context(name, value, attrs)
+        for widget in context["widget"]["subwidgets"]:
+            widget["attrs"]["aria-describedby"] = f"id_{name}_helptext"
+        return context
+
+
 class EnqueueForm(forms.Form):
+    class Media:
+        # Shows the payload rules of the workflow chosen (see workflows_help).
+        js = ["admin/tasks_app/enqueue.js"]
+
     workflow = forms.ChoiceField()
     payload = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 10, "cols": 80, "class": "vLargeTextField"}),
@@ -133,7 +171,7 @@ class EnqueueForm(forms.Form):
     )
     run_after = forms.SplitDateTimeField(
         required=False,
-        widget=AdminSplitDateTime,
+        widget=DescribedSplitDateTime,
         label="Run after",
         help_text=f"Optional; not before this time ({settings.TIME_ZONE}).",
     )
@@ -148,9 +186,11 @@ class EnqueueForm(forms.Form):
             ("", "---------"),
             *(
                 (flow.name, f"{flow.name} — {flow.description}" if flow.description else flow.name)
-                for flow in (registry.latest(name) for name in registry.names())
+                for flow in public_workflows()
             ),
         ]
+        # The registry's own refusal: it names the field, the rule and the known workflows.
+        workflow.error_messages["invalid_choice"] = str(unknown_workflow("%(value)s"))
         queue.choices = [(name, name) for name in settings.TASKS_QUEUES]
         queue.initial = settings.TASKS_QUEUES[0]
         self.fields["payload"].help_text = workflows_help()
@@ -166,9 +206,10 @@ class EnqueueForm(forms.Form):
 
 
 def add_input_error(form: forms.Form, exc: InvalidInput) -> None:
-    """Show a rule a service refused on the field it names (``payload.title`` is the
+    """Show each rule a service refused on the field it names (``payload.title`` is the
     payload's); a field the form does not have gets a form-wide error."""
-    form.add_error(exc.top_field if exc.top_field in form.fields else None, str(exc))
+    for error in exc.errors:
+        form.add_error(error.top_field if error.top_field in form.fields else None, str(error))
 
 
 class ReasonForm(forms.Form):

@@ -208,7 +208,7 @@ def test_the_decide_command_lists_and_decides_as_a_user(
 
     def listed(*args: str) -> list[int]:
         out = StringIO()
-        call_command("decide", "list", *args, stdout=out)
+        call_command("decide", "list", "--json", *args, stdout=out)
         return [json.loads(line)["id"] for line in out.getvalue().splitlines()]
 
     assert listed() == [request.pk]
@@ -227,6 +227,7 @@ def test_the_decide_command_lists_and_decides_as_a_user(
         editor.username,
         "--comment",
         "ok",
+        "--json",
         stdout=out,
     )
     assert json.loads(out.getvalue())["status"] == ApprovalStatus.APPROVED

@@ -133,8 +133,11 @@ def action_form(page: Page, button: str) -> Locator:
     return page.locator("form").filter(has=page.get_by_role("button", name=button, exact=True))
 
 
-def accessibility_problems(page: Page, axe: Axe) -> list[Any]:
-    """Axe's serious and critical violations, and ARIA references to missing ids."""
+def accessibility_problems(
+    page: Page, axe: Axe, *, impacts: set[str] | None = SERIOUS
+) -> list[Any]:
+    """Axe's violations of ``impacts`` (serious and critical; ``None`` for every one), and
+    ARIA references to missing ids."""
     problems: list[Any] = [
         {
             "id": violation["id"],
@@ -143,7 +146,7 @@ def accessibility_problems(page: Page, axe: Axe) -> list[Any]:
             "targets": [node["target"] for node in violation["nodes"]],
         }
         for violation in axe.run(page).response["violations"]
-        if violation["impact"] in SERIOUS
+        if impacts is None or violation["impact"] in impacts
     ]
     problems.extend(f"dangling reference: {ref}" for ref in page.evaluate(DANGLING_ARIA_IDS))
     return problems

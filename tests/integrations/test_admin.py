@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.http import HttpRequest
 from django.test import Client
 from django.urls import reverse
 
@@ -17,6 +16,7 @@ from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.integrations.admin import TaskAdmin
 from tasks_app.models import Counter, Event, EventKind, Step, StepStatus, Task, TaskStatus
+from tests.admin_support import ADD_URL, enqueue_form, form_errors, staff_client
 from tests.approval_support import ARTICLE, advance, article, pending_request
 from tests.conftest import only_step
 from tests.factories import dead_task
@@ -25,20 +25,7 @@ if TYPE_CHECKING:
     # What the test client answers: a response with the context it rendered.
     from django.test.client import _MonkeyPatchedWSGIResponse as Response
 
-ADD_URL = "admin:tasks_app_task_add"
 CHANGELIST_URL = "admin:tasks_app_task_changelist"
-
-
-def staff_client(user: User) -> Client:
-    """A logged-in client of ``user``, made staff so the admin lets them in."""
-    user.is_staff = True
-    user.save()
-    client = Client()
-    # Every authentication goes through axes' backend, which needs a request to count by.
-    assert client.login(
-        request=HttpRequest(), username=user.username, password="pw-" + user.username
-    )
-    return client
 
 
 @pytest.fixture
@@ -48,11 +35,6 @@ def admin_client_logged_in(superuser: User) -> Client:
 
 def change_url(task: Task) -> str:
     return reverse("admin:tasks_app_task_change", args=[task.pk])
-
-
-def form_errors(response: Response) -> dict[str, list[str]]:
-    errors: dict[str, list[str]] = response.context["adminform"].form.errors
-    return errors
 
 
 def page_messages(client: Client, response: Response) -> list[str]:
@@ -89,20 +71,6 @@ def test_the_oncall_group_may_view_tasks_in_the_admin(oncall: User) -> None:
 
 
 # --- enqueue through the add form --------------------------------------------------------------
-
-
-def enqueue_form(**fields: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "workflow": "publish_article",
-        "payload": '{"article_id": "a-1", "title": "Launch", "brief": "Why."}',
-        "idempotency_key": "",
-        "queue": "default",
-        "priority": "0",
-        "run_after_0": "",
-        "run_after_1": "",
-    }
-    data.update(fields)
-    return data
 
 
 @pytest.mark.django_db

@@ -1,6 +1,6 @@
 """The commands that read: ``queue_stats`` (the overview and the queues, as a table or as
-JSON) and ``task_status`` (one task as JSON, its failing step's error and its last events,
-secrets redacted)."""
+JSON) and ``task_status`` (one task as aligned lines or as JSON, its failing step's error
+and its last events, secrets redacted)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_queue_stats_as_json_carries_the_selectors_figures(db: None) -> None:
 
 
 def status_json(*args: str) -> dict[str, Any]:
-    printed: dict[str, Any] = json.loads(run("task_status", *args))
+    printed: dict[str, Any] = json.loads(run("task_status", "--json", *args))
     return printed
 
 
@@ -160,7 +160,7 @@ def test_task_status_prints_what_producers_and_people_wrote_redacted(
         last_error="PermanentError: refused with api_token=abc and password: 'hunter2'",
     )
 
-    out = run("task_status", "--key", "redaction:status", "--events", "20")
+    out = run("task_status", "--key", "redaction:status", "--events", "20", "--json")
 
     printed = json.loads(out)
     [step] = printed["steps"]
@@ -173,3 +173,47 @@ def test_task_status_prints_what_producers_and_people_wrote_redacted(
     assert redrive["reason"] == f"rotated the key, was token={REDACTED}"
     assert "hunter2" not in out
     assert '"abc"' not in out and "=abc" not in out
+
+
+def test_task_status_prints_aligned_lines_with_the_error_in_one_line(db: None) -> None:
+    task = dead_task(key="cmd:lines")
+    step = only_step(task)
+    assert step.last_error.startswith("Traceback (most recent call last):")
+
+    out = lines(run("task_status", "--key", "cmd:lines"))
+
+    assert out[0] == f"Task #{task.pk} demo.flaky: dead"
+    assert out[1].split() == ["key", "cmd:lines"]
+    header, row = out[out.index("Steps") + 1 : out.index("Steps") + 3]
+    assert header.split() == [
+        "step", "pos", "rev", "kind", "status", "attempts", "token", "cause", "error",
+    ]  # fmt: skip
+    assert row.split()[:8] == [
+        str(step.pk), "0", "0", "flaky", "dead", "1", "of", "3",
+    ]  # fmt: skip
+    # The error is the traceback's last line, under its header; no traceback is printed.
+    assert row[header.index("error") :] == (
+        "tasks_app.exceptions.PermanentError: failing on claim 1 of 1 (fail_first)"
+    )
+    assert row[header.index("cause") :].startswith(step.error_fingerprint)
+    assert "Traceback" not in "\n".join(out) and 'File "' not in "\n".join(out)
+    events = out[out.index("Last 10 events, oldest first") + 1 :]
+    assert events[0].split() == ["at", "event", "step", "actor", "reason"]
+    assert [row.split()[3] for row in events[1:]] == ["enqueued", "claimed", "dead_lettered"]
+
+
+def test_task_status_as_json_is_indented_and_keeps_the_whole_traceback(db: None) -> None:
+    task = dead_task(key="cmd:json")
+
+    out = run("task_status", "--key", "cmd:json", "--json")
+
+    assert out.startswith("{\n  ")
+    [step] = json.loads(out)["steps"]
+    assert (
+        step["error"] == "tasks_app.exceptions.PermanentError: failing on claim 1 of 1 (fail_first)"
+    )
+    assert step["traceback"] == only_step(task).last_error
+
+
+def test_task_status_refuses_an_unknown_task_in_one_line(db: None) -> None:
+    assert refused("task_status", "--id", "424242") == "id: no task with id 424242"

@@ -35,7 +35,7 @@ def embedded_env(var_dir: Path) -> dict[str, str]:
 
 
 def status(env: dict[str, str], key: str) -> dict[str, Any]:
-    parsed: dict[str, Any] = json.loads(manage("task_status", "--key", key, env=env))
+    parsed: dict[str, Any] = json.loads(manage("task_status", "--key", key, "--json", env=env))
     return parsed
 
 
@@ -143,7 +143,9 @@ def test_the_embedded_default_takes_the_demo_article_through_its_review(tmp_path
             worker.wait_ready(timeout=60)
             [request] = [
                 json.loads(line)
-                for line in manage("decide", "list", "--user", "editor", env=env).splitlines()
+                for line in manage(
+                    "decide", "list", "--user", "editor", "--json", env=env
+                ).splitlines()
                 if json.loads(line)["workflow"] == "publish_article"
             ]
             decided = json.loads(
@@ -155,6 +157,7 @@ def test_the_embedded_default_takes_the_demo_article_through_its_review(tmp_path
                     "editor",
                     "--draft-hash",
                     request["draft_hash"],
+                    "--json",
                     env=env,
                 )
             )

@@ -4,13 +4,13 @@ switch."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import CommandParser
 
 from tasks_app.management.cli import OperatorCommand
+from tasks_app.management.output import table
 from tasks_app.operations import selectors
 from tasks_app.operations.durations import short_duration
 
@@ -25,20 +25,6 @@ def _seconds(value: timedelta | None) -> float | None:
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: int = 0) -> list[str]:
-    """Columns padded to their widest cell; the first ``right`` columns after the first
-    (the numbers) are aligned right."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
-    lines = []
-    for row in [header, *rows]:
-        cells = [
-            str(cell).rjust(width) if 0 < index <= right else str(cell).ljust(width)
-            for index, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return lines
 
 
 class Command(OperatorCommand):

@@ -1,4 +1,5 @@
-"""``manage.py task_status``: one task as JSON, by id or idempotency key, with what
+"""``manage.py task_status``: one task, by id or idempotency key, as aligned lines for a
+person (a failing step's error as its one line) or as indented JSON (``--json``), with what
 producers and people wrote redacted as on the console's pages
 (``tasks_app.operations.redaction``)."""
 
@@ -10,11 +11,15 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from tasks_app import services
+from tasks_app.exceptions import error_summary
 from tasks_app.management.cli import OperatorCommand, bad_input
+from tasks_app.management.output import line, table, when
 from tasks_app.models import Event, Step, StepStatus, Task
 from tasks_app.operations.redaction import redact, redact_text
 
 MAX_EVENTS = 1000
+# How much of an error, a result or a reason one line shows (--json has all of it).
+MAX_ERROR_LINE = 200
 
 
 def _failing(step: Step) -> bool:
@@ -28,6 +33,7 @@ def _failing(step: Step) -> bool:
 
 def _step(step: Step) -> dict[str, Any]:
     failing = _failing(step)
+    traceback = redact_text(step.last_error) if failing else ""
     return {
         "id": step.pk,
         "kind": step.kind,
@@ -39,7 +45,9 @@ def _step(step: Step) -> dict[str, Any]:
         "fencing_token": step.fencing_token,
         "result": redact(step.result),
         "error_class": step.error_class if failing else "",
-        "error": redact_text(step.last_error) if failing else "",
+        # What went wrong, in one line; the whole stored traceback beside it.
+        "error": error_summary(traceback),
+        "traceback": traceback,
         # What the commands' --cause and /dead/groups/ group it by.
         "cause": step.error_fingerprint if step.status == StepStatus.DEAD else "",
     }
@@ -47,7 +55,7 @@ def _step(step: Step) -> dict[str, Any]:
 
 def _event(event: Event) -> dict[str, Any]:
     return {
-        "at": event.created_at.isoformat(),
+        "at": event.created_at,
         "kind": event.kind,
         "actor": event.actor,
         "reason": redact_text(event.reason),
@@ -63,8 +71,9 @@ def _count(text: str) -> int:
 
 class Command(OperatorCommand):
     help = (
-        "Print a task as JSON, by id or idempotency key: its status, its steps (with the "
-        "error of a failing step) and its last events, secrets redacted as on the console."
+        "Print a task, by id or idempotency key: its status, its steps (with the error of a "
+        "failing step in one line) and its last events, secrets redacted as on the console; "
+        "as aligned lines, or with --json as one indented JSON object."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -73,6 +82,11 @@ class Command(OperatorCommand):
         group.add_argument("--key")
         parser.add_argument(
             "--events", default="10", metavar="N", help="how many of the last events (10)"
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="print one indented JSON object instead, each step's whole traceback included",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -87,19 +101,76 @@ class Command(OperatorCommand):
                 raise bad_input(f"id: no task with id {options['id']}")
         steps = [_step(step) for step in task.steps.order_by("position", "revision")]
         last = list(Event.objects.for_task(task.pk).order_by("-id")[:count]) if count else []
-        self.stdout.write(
-            json.dumps(
-                {
-                    "id": task.pk,
-                    "workflow": task.workflow,
-                    "status": task.status,
-                    "key": task.key,
-                    "queue": task.queue,
-                    "created_at": task.created_at.isoformat(),
-                    "finished_at": task.finished_at.isoformat() if task.finished_at else None,
-                    "steps": steps,
-                    "events": [_event(event) for event in reversed(last)],
-                },
-                ensure_ascii=False,
+        events = [_event(event) for event in reversed(last)]
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(_as_json(task, steps, events), ensure_ascii=False, indent=2)
             )
+            return
+        for text in _as_lines(task, steps, events, count):
+            self.stdout.write(text)
+
+
+def _as_json(
+    task: Task, steps: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "id": task.pk,
+        "workflow": task.workflow,
+        "status": task.status,
+        "key": task.key,
+        "queue": task.queue,
+        "created_at": task.created_at.isoformat(),
+        "finished_at": task.finished_at.isoformat() if task.finished_at else None,
+        "steps": steps,
+        "events": [{**event, "at": event["at"].isoformat()} for event in events],
+    }
+
+
+def _as_lines(
+    task: Task, steps: list[dict[str, Any]], events: list[dict[str, Any]], count: int
+) -> list[str]:
+    facts = [
+        ("key", task.key),
+        ("queue", task.queue),
+        ("created", when(task.created_at)),
+        ("finished", when(task.finished_at)),
+    ]
+    lines = [f"Task #{task.pk} {task.workflow}: {task.status}"]
+    lines.extend(f"  {text}" for text in table(("", ""), facts)[1:])
+    lines += ["", "Steps"]
+    rows = [
+        (
+            str(step["id"]),
+            str(step["position"]),
+            str(step["revision"]),
+            step["kind"],
+            step["status"],
+            f"{step['attempts']} of {step['max_attempts']}",
+            str(step["fencing_token"]),
+            step["cause"] or "-",
+            line(step["error"], limit=MAX_ERROR_LINE),
         )
+        for step in steps
+    ]
+    header = ("step", "pos", "rev", "kind", "status", "attempts", "token", "cause", "error")
+    lines.extend(f"  {text}" for text in table(header, rows, right=2))
+    for step in steps:
+        if step["result"] is not None:
+            result = json.dumps(step["result"], ensure_ascii=False, sort_keys=True)
+            lines.append(f"  result of step {step['id']}: {line(result, limit=MAX_ERROR_LINE)}")
+    lines += ["", f"Last {count} events, oldest first" if events else "No events shown"]
+    event_rows = [
+        (
+            when(event["at"]),
+            event["kind"],
+            str(event["step"] or "-"),
+            event["actor"],
+            line(event["reason"], limit=MAX_ERROR_LINE),
+        )
+        for event in events
+    ]
+    if event_rows:
+        event_header = ("at", "event", "step", "actor", "reason")
+        lines.extend(f"  {text}" for text in table(event_header, event_rows))
+    return lines
