@@ -11,11 +11,20 @@ from console.forms import _Filter, _set_choices, parse_json
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import TaskStatus
 from tasks_app.operations import listings
-from tasks_app.operations.listings import TaskFilter, workflow_names
+from tasks_app.operations.listings import RETRY_SCHEDULED, TaskFilter, workflow_names
+
+# The statuses as the overview's cards count them: a pending task waiting for a scheduled
+# retry is listed under "Retry scheduled", not under "Pending".
+STATUS_CHOICES = [
+    ("", "any"),
+    (TaskStatus.PENDING, "Pending (no retry scheduled)"),
+    (RETRY_SCHEDULED, "Retry scheduled"),
+    *((value, label) for value, label in TaskStatus.choices if value != TaskStatus.PENDING),
+]
 
 
 class TaskFilterForm(_Filter):
-    status = forms.ChoiceField(required=False, choices=[("", "any"), *TaskStatus.choices])
+    status = forms.ChoiceField(required=False, choices=STATUS_CHOICES)
     workflow = forms.ChoiceField(required=False)
     queue = forms.ChoiceField(required=False)
     key = forms.CharField(
@@ -32,6 +41,9 @@ class TaskFilterForm(_Filter):
     )
     since = forms.DateTimeField(required=False, help_text="Created at or after (UTC)")
     until = forms.DateTimeField(required=False, help_text="Created before (UTC)")
+    finished_since = forms.DateTimeField(
+        required=False, label="Finished since", help_text="Finished at or after (UTC)"
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -66,4 +78,5 @@ class TaskFilterForm(_Filter):
             payload=data.get("payload"),
             since=data.get("since"),
             until=data.get("until"),
+            finished_since=data.get("finished_since"),
         )
