@@ -40,6 +40,17 @@ def test_an_unknown_outcome_offers_mark_done_and_run_again(oncall: User, auditor
     )
 
 
+def test_an_unknown_outcome_says_only_what_is_known(oncall: User) -> None:
+    page = body(login(oncall).get(f"/tasks/{unknown_outcome().pk}/"))
+    assert "Nobody knows whether the remote call of this step happened" in page
+    assert "no external write" not in page
+    assert "The effects ledger holds no entry for this step" in page
+    # A step that died for another reason with nothing in the ledger made no write.
+    assert "this step made no external write" in body(
+        login(oncall).get(f"/tasks/{dead_task().pk}/")
+    )
+
+
 def test_mark_done_resolves_the_step_with_the_reason(oncall: User) -> None:
     task = unknown_outcome()
     response = login(oncall).post(
