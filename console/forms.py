@@ -202,14 +202,20 @@ class ReasonForm(forms.Form):
     # Required by the services, which say so with the field's name. The task page
     # refreshes itself until the task has ended; it skips a refresh while a field of the
     # region holds typed text (console.js), so nothing being written is lost.
-    reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea({"rows": 2}))
+    # The services refuse an empty reason (naming the field); the browser marks it required
+    # and says so before sending (``required`` on the widget, a mark on its label).
+    reason = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea({"rows": 2, "required": True})
+    )
 
 
 class CancelForm(ReasonForm):
     # Offered while a task is at work, when its page refreshes every few seconds: a
     # reason being typed is kept across the refreshes, which go on.
     reason = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea({"rows": 2, "hx-preserve": "true"})
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea({"rows": 2, "hx-preserve": "true", "required": True}),
     )
 
 

@@ -3,6 +3,8 @@ an action is refused, answered or redirected."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -145,3 +147,17 @@ def test_a_payload_nested_ten_thousand_deep_is_a_form_error(oncall: User) -> Non
     assert response.status_code == 400
     assert "payload: nesting deeper than 32 levels" in body(response)
     assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
+
+
+def test_every_required_reason_is_marked_required(oncall: User) -> None:
+    client = login(oncall)
+    pages = [
+        body(client.get(f"/tasks/{unknown_outcome().pk}/")),
+        body(client.get(f"/tasks/{dead_task().pk}/")),
+        body(client.get("/queues/")),
+    ]
+    for page in pages:
+        fields = re.findall(r'<(?:textarea|input)[^>]*name="reason"[^>]*>', page)
+        assert fields and all(" required" in field for field in fields), fields
+        labels = re.findall(r"<label [^>]*>Reason[^<]*(.*?)</label>", page, re.S)
+        assert labels and all("(required)" in label for label in labels), labels
