@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from django.contrib.auth.models import User
 from playwright.sync_api import ConsoleMessage, Page, expect
 
@@ -166,6 +167,21 @@ def test_htmx_updates_break_no_content_security_policy_rule(
     page.get_by_label("Reason").fill("Checking the count first")
     page.get_by_role("button", name="Preview").click()
     expect(page.get_by_role("button", name="Redrive 1 task")).to_be_visible()
+    # A task at work refreshes its page (a reason being typed is preserved across the
+    # swaps); cancelling it answers with the regions it changed, out of band.
+    waiting = enqueued("demo.noop", {"n": 9}, run_after=timezone.now() + timedelta(hours=1))
+    page.goto(f"/tasks/{waiting.pk}/")
+    cancel = page.locator("form").filter(has=page.get_by_role("button", name="Cancel task"))
+    cancel.get_by_role("textbox", name="Reason").fill("No longer needed")
+    page.locator("h1").click()
+    for _ in range(2):
+        with page.expect_response(
+            lambda r: f"/tasks/{waiting.pk}/" in r.url and r.request.method == "GET",
+            timeout=15_000,
+        ):
+            pass
+    cancel.get_by_role("button", name="Cancel task").click()
+    expect(page.locator("#task .facts .badge")).to_have_text("cancelled")
     violations = page.evaluate("window.__csp")
     assert not violations, violations
     assert not [line for line in console if "Content Security Policy" in line], console
