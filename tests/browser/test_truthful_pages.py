@@ -11,8 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.utils import timezone
 from django.contrib.auth.models import User
+from django.utils import timezone
 from playwright.sync_api import ConsoleMessage, Page, expect
 
 from approvals import services as approvals
