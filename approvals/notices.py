@@ -208,15 +208,15 @@ def compose(kind: str, request: ApprovalRequest, user: Any) -> tuple[str, str]:
     left = timeuntil(request.expires_at)
     heads = {
         "opened": (
-            f"Review #{request.pk} waits for you: {request.summary}",
+            f"Approval #{request.pk} waits for you: {request.summary}",
             "A draft waits for your decision.",
         ),
         "reminder": (
-            f"Reminder: review #{request.pk} expires in {left}",
+            f"Reminder: approval #{request.pk} expires in {left}",
             f"A draft still waits for your decision, and the request expires in {left}.",
         ),
         "escalated": (
-            f"Escalated to {request.escalate_to}: review #{request.pk}",
+            f"Escalated to {request.escalate_to}: approval #{request.pk}",
             f"Nobody decided on this draft in time, so it now waits for group "
             f"{request.escalate_to} too.",
         ),
@@ -251,7 +251,7 @@ def compose_digest(waiting: list[ApprovalRequest], user: Any) -> tuple[str, str]
     lines = [f"Hello {user.get_username()},", "", f"{subject}:", ""]
     for request in waiting:
         lines += [
-            f"- Review #{request.pk}: {request.summary}",
+            f"- Approval #{request.pk}: {request.summary}",
             f"  expires {_when(request.expires_at)}: {review_url(request)}",
         ]
     lines += ["", "You will be asked to log in."]

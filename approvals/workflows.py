@@ -51,7 +51,9 @@ def _approved(ctx: StepContext, draft_step: str, review_step: str) -> dict[str, 
 
 def _revision_note(ctx: StepContext) -> str:
     change = ctx.change_request
-    return f"\n\n(Revision {ctx.revision}, as asked: {change['comment']})" if change else ""
+    # No revision number in the draft's text: an editor's edit of it becomes the next
+    # revision, and the pages print the revision the request holds.
+    return f"\n\n(Revised as asked: {change['comment']})" if change else ""
 
 
 # --- publish_article -------------------------------------------------------------------------
@@ -63,7 +65,6 @@ def generate_draft(ctx: StepContext) -> dict[str, Any]:
         "article_id": payload["article_id"],
         "title": payload["title"],
         "body": f"{payload['title']}\n\n{payload['brief']}{_revision_note(ctx)}",
-        "revision": ctx.revision,
     }
 
 
@@ -100,7 +101,8 @@ def cleanup(ctx: StepContext) -> dict[str, Any]:
     return {
         "article_id": ctx.payload["article_id"],
         "published_as": ctx.results["publish"].get("remote_id"),
-        "discarded_revisions": ctx.results["generate_draft"]["revision"],
+        # The approved request's revision (an editor's edit is a revision too).
+        "discarded_revisions": ctx.results["editor_review"]["revision"],
     }
 
 
@@ -158,7 +160,6 @@ def draft_reply(ctx: StepContext) -> dict[str, Any]:
             f"Hello {customer['name']},\n\nThank you for writing to us about:\n> {message}\n\n"
             f"We are on it and will follow up shortly.{_revision_note(ctx)}"
         ),
-        "revision": ctx.revision,
     }
 
 

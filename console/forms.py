@@ -17,11 +17,9 @@ from django.conf import settings
 
 from tasks_app import services, validation
 from tasks_app.engine import fingerprints
-from tasks_app.exceptions import InvalidInput
-from tasks_app.models import EventKind, TaskStatus
+from tasks_app.models import EventKind
 from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
-from tasks_app.operations import listings
-from tasks_app.operations.listings import AuditFilter, DeadFilter, TaskFilter, workflow_names
+from tasks_app.operations.listings import AuditFilter, DeadFilter, workflow_names
 from tasks_app.operations.task_actions import ACTIONS
 
 
@@ -56,61 +54,6 @@ class _Filter(forms.Form):
 
     def cursor(self) -> int | None:
         return self.cleaned_data.get("after") if self.is_valid() else None
-
-
-class TaskFilterForm(_Filter):
-    status = forms.ChoiceField(required=False, choices=[("", "any"), *TaskStatus.choices])
-    workflow = forms.ChoiceField(required=False)
-    queue = forms.ChoiceField(required=False)
-    key = forms.CharField(
-        required=False,
-        max_length=255,
-        label="Idempotency key",
-        help_text="Its start is enough, e.g. publish:article-001",
-    )
-    payload = forms.CharField(
-        required=False,
-        max_length=500,
-        label="Payload field",
-        help_text="FIELD=VALUE, e.g. article_id=article-001 or customer.id=42",
-    )
-    since = forms.DateTimeField(required=False, help_text="Created at or after (UTC)")
-    until = forms.DateTimeField(required=False, help_text="Created before (UTC)")
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _set_choices(self, workflow=workflow_names(), queue=list(settings.TASKS_QUEUES))
-
-    def clean_payload(self) -> tuple[str, Any] | None:
-        raw: str = self.cleaned_data["payload"].strip()
-        if not raw:
-            return None
-        path, sep, text = raw.partition("=")
-        path = path.strip()
-        if not sep or not path or any(not part for part in path.split(".")):
-            raise forms.ValidationError("payload: write FIELD=VALUE (a dotted path for nesting)")
-        try:
-            value = parse_json(text, "payload")
-        except forms.ValidationError:
-            value = text
-        try:
-            # The rules of a payload (what PostgreSQL can compare), and no secret compared.
-            listings.check_payload_filter(path, value)
-        except InvalidInput as exc:
-            raise forms.ValidationError(str(exc)) from None
-        return path, value
-
-    def filters(self) -> TaskFilter:
-        data = self.cleaned_data if self.is_valid() else {}
-        return TaskFilter(
-            status=data.get("status", ""),
-            workflow=data.get("workflow", ""),
-            queue=data.get("queue", ""),
-            key=data.get("key", ""),
-            payload=data.get("payload"),
-            since=data.get("since"),
-            until=data.get("until"),
-        )
 
 
 def _cause_field() -> forms.RegexField:
@@ -259,14 +202,20 @@ class ReasonForm(forms.Form):
     # Required by the services, which say so with the field's name. The task page
     # refreshes itself until the task has ended; it skips a refresh while a field of the
     # region holds typed text (console.js), so nothing being written is lost.
-    reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea({"rows": 2}))
+    # The services refuse an empty reason (naming the field); the browser marks it required
+    # and says so before sending (``required`` on the widget, a mark on its label).
+    reason = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea({"rows": 2, "required": True})
+    )
 
 
 class CancelForm(ReasonForm):
     # Offered while a task is at work, when its page refreshes every few seconds: a
     # reason being typed is kept across the refreshes, which go on.
     reason = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea({"rows": 2, "hx-preserve": "true"})
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea({"rows": 2, "hx-preserve": "true", "required": True}),
     )
 
 

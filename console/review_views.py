@@ -155,7 +155,7 @@ def edit(request: ConsoleRequest, pk: int) -> HttpResponse:
         return redirect("console:task", approval.task_id)
     messages.success(
         request,
-        f"Your edit is revision {successor.revision}, now review #{successor.pk}: "
+        f"Your edit is revision {successor.revision}, now approval #{successor.pk}: "
         "someone else decides on it, and its reviewers are told.",
     )
     return redirect("console:review", successor.pk)

@@ -32,6 +32,7 @@ from django_htmx.middleware import HtmxDetails
 from approvals import selectors as approval_selectors
 from approvals.services import DECIDE_PERMISSION
 from console import charts, errors, forms, presenters
+from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.models import Task, TaskStatus
 from tasks_app.observability import presence
@@ -154,8 +155,8 @@ def overview(request: ConsoleRequest) -> HttpResponse:
 
 @require_GET
 @view_tasks
-@reads_filter(forms.TaskFilterForm)
-def task_list(request: ConsoleRequest, form: forms.TaskFilterForm) -> HttpResponse:
+@reads_filter(TaskFilterForm)
+def task_list(request: ConsoleRequest, form: TaskFilterForm) -> HttpResponse:
     page = listings.task_page(form.filters(), after=form.cursor())
     return render_page(
         request, "console/tasks.html", {"form": form, "page": page}, partial="results"

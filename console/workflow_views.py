@@ -1,10 +1,11 @@
 """The workflows pages: every workflow's figures over a window, and one workflow's over the
 last hour, day and week with its charts and its dead letters by cause.
 
-The figures come from the workflow figures' roll-up (``tasks_app.observability.workflow_figures``):
-the counters now, less the samples the sweeper took; nothing here reads tasks, steps or events. The
-dead letters of one workflow, grouped by cause, are a region of their own that the page asks for
-once shown.
+The steps' figures come from the workflow figures' roll-up
+(``tasks_app.observability.workflow_figures``): the counters now, less the samples the sweeper
+took. The tasks succeeded in a window are read as the overview reads them
+(``selectors.succeeded_since``), so both pages say the same. The dead letters of one workflow,
+grouped by cause, are a region of their own that the page asks for once shown.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from console import charts, forms
 from console.views import ConsoleRequest, reads_filter, render_page, view_tasks
 from tasks_app.engine.transitions import db_now
 from tasks_app.observability import workflow_figures as figures
-from tasks_app.operations import listings
+from tasks_app.operations import listings, selectors
 
 # The causes of dead letters shown on a workflow's page; the rest are a link away.
 TOP_CAUSES = 5
@@ -33,8 +34,10 @@ TOP_CAUSES = 5
 def workflow_list(request: ConsoleRequest, form: forms.WindowForm) -> HttpResponse:
     window = form.chosen()
     now = db_now()
+    done = selectors.succeeded_by_workflow(now - window.span)
     context = {
-        "rows": figures.figures(window, now=now),
+        # Each workflow's figures, and its tasks succeeded in the window.
+        "rows": [(row, done.get(row.workflow, 0)) for row in figures.figures(window, now=now)],
         "window": window,
         "windows": list(figures.WINDOWS.values()),
         "now": now,
@@ -60,6 +63,11 @@ def _workflow_page(request: ConsoleRequest, form: forms.WindowForm, name: str) -
     context: dict[str, Any] = {
         "name": name,
         "rows": figures.workflow_figures(name, now=now),
+        # Tasks succeeded in each window, in the windows' order.
+        "tasks_succeeded": [
+            selectors.succeeded_since(now - w.span).filter(workflow=name).count()
+            for w in figures.WINDOWS.values()
+        ],
         "window": window,
         "windows": list(figures.WINDOWS.values()),
         "now": now,

@@ -164,12 +164,6 @@ class Figures:
         return self.end - self.start
 
     @property
-    def per_hour(self) -> float | None:
-        """Steps succeeded per hour over the span."""
-        hours = self.span.total_seconds() / 3600
-        return self.succeeded / hours if hours > 0 else None
-
-    @property
     def failure_rate(self) -> float | None:
         """Of the steps that ended (succeeded or dead-lettered), the share dead-lettered."""
         ended = self.succeeded + self.dead_lettered
@@ -263,6 +257,16 @@ class Row:
     off_window: bool = False
     # It has counters (something of it was enqueued or ran); without, it has no samples.
     counted: bool = True
+    # The window's span, which the figures' own span may fall short of or exceed.
+    window_span: timedelta | None = None
+
+    @property
+    def span_differs(self) -> bool:
+        """The figures were measured over a span more than a tenth off the window's (the
+        samples begin later, or the nearest is earlier): the page says over how long."""
+        if self.figures is None or self.window_span is None:
+            return False
+        return abs(self.figures.span - self.window_span) > self.window_span / 10
 
 
 def figures(window: Window, *, now: datetime | None = None) -> list[Row]:
@@ -300,7 +304,8 @@ def _figures_row(
         return Row(name, None, counted=totals is not None)
     # Further from the window's start than an hourly sample can be.
     off_window = abs(base.at - start) > timedelta(hours=1, minutes=5)
-    return Row(name, Figures.between(base, Point.live(totals, now)), off_window=off_window)
+    between = Figures.between(base, Point.live(totals, now))
+    return Row(name, between, off_window=off_window, window_span=now - start)
 
 
 def _nearest(name: str, start: datetime, now: datetime) -> Point | None:

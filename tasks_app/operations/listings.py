@@ -14,6 +14,7 @@ from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 
 from tasks_app import validation
 from tasks_app.engine.fingerprints import masked_message
+from tasks_app.engine.transitions import db_now
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import (
     OPERATOR_EVENT_KINDS,
@@ -22,8 +23,10 @@ from tasks_app.models import (
     Step,
     StepStatus,
     Task,
+    TaskStatus,
 )
 from tasks_app.operations.redaction import secret_key_in
+from tasks_app.operations.selectors import scheduled_retries, succeeded_since
 from tasks_app.workflows import registry
 
 # --- lists ------------------------------------------------------------------------------------
@@ -58,8 +61,14 @@ def _key_of(row: Any, key: str) -> int:
     return int(value)
 
 
+# The display state of a pending task waiting for a scheduled retry; the task list's
+# ``pending`` leaves those out, as the overview's cards count them apart.
+RETRY_SCHEDULED = "retry_scheduled"
+
+
 @dataclass(frozen=True)
 class TaskFilter:
+    # A task status, or RETRY_SCHEDULED.
     status: str = ""
     workflow: str = ""
     queue: str = ""
@@ -69,6 +78,8 @@ class TaskFilter:
     payload: tuple[str, Any] | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # Finished at or after.
+    finished_since: datetime | None = None
 
 
 def tasks(filters: TaskFilter) -> QuerySet[Task]:
@@ -76,8 +87,7 @@ def tasks(filters: TaskFilter) -> QuerySet[Task]:
     ``%`` and ``_`` escaped, served by ``task_key_prefix_idx`` on PostgreSQL), the payload
     field by JSON containment, which the GIN index of ``PayloadSearch`` serves there."""
     queryset = _matching(
-        Task.objects.all(),
-        status=filters.status,
+        _in_status(filters.status, filters.finished_since),
         workflow=filters.workflow,
         queue=filters.queue,
         idempotency_key__startswith=filters.key,
@@ -86,6 +96,22 @@ def tasks(filters: TaskFilter) -> QuerySet[Task]:
         check_payload_filter(*filters.payload)
         queryset = queryset.filter(_payload_matches(*filters.payload))
     return _in_window(queryset, filters.since, filters.until)
+
+
+def _in_status(status: str, finished_since: datetime | None) -> QuerySet[Task]:
+    """Tasks in ``status`` as the overview's cards count them: ``retry_scheduled`` the
+    pending ones waiting for a scheduled retry, ``pending`` the others; succeeded since a
+    time as ``selectors.succeeded_since`` says."""
+    if status in (RETRY_SCHEDULED, TaskStatus.PENDING):
+        retrying = Q(pk__in=scheduled_retries(db_now()).values("task_id"))
+        pending = Task.objects.filter(status=TaskStatus.PENDING)
+        return pending.filter(retrying) if status == RETRY_SCHEDULED else pending.exclude(retrying)
+    if status == TaskStatus.SUCCEEDED and finished_since is not None:
+        return succeeded_since(finished_since)
+    queryset = _matching(Task.objects.all(), status=status)
+    if finished_since is not None:
+        queryset = queryset.filter(finished_at__gte=finished_since)
+    return queryset
 
 
 def _matching[M: Task | Event](queryset: QuerySet[M], **equal: str) -> QuerySet[M]:

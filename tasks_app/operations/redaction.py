@@ -18,7 +18,9 @@ need, not a secret, while a redrive with changes keeps the producer's ``old_payl
 ``new_payload`` and a failure its ``error`` text. So :func:`redact_event_data` shows the keys
 the system writes (:data:`SYSTEM_EVENT_KEYS`) as they are and treats every other key as
 producer data: redacted like a payload, or like free text when it is a string. A key added
-to event data later is redacted until it is named there, which errs on the safe side.
+to event data later is redacted until it is named there, which errs on the safe side. A
+step's result is producer data however it was made: ``demo.flaky``'s ``{"token": <its fencing
+token>}`` is redacted like an API token a handler returned (the README says so).
 """
 
 from __future__ import annotations

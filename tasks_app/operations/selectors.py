@@ -46,6 +46,9 @@ class MinuteCount:
 @dataclass(frozen=True)
 class Overview:
     now: datetime
+    # Where "last hour" and "last day" begin: the lists the cards open start there too.
+    hour_ago: datetime
+    day_ago: datetime
     pending: int
     running: int
     retry_scheduled: int
@@ -89,13 +92,7 @@ def overview() -> Overview:
     now = db_now()
     hour_ago, day_ago = now - timedelta(hours=1), now - timedelta(days=1)
     by_status = dict(Task.objects.active().values_list("status").annotate(n=Count("*")).order_by())
-    retry_scheduled = (
-        Step.objects.filter(status=StepStatus.PENDING, attempts__gt=0, available_at__gt=now)
-        .values("task_id")
-        .distinct()
-        .count()
-    )
-    succeeded = Task.objects.filter(status=TaskStatus.SUCCEEDED, finished_at__gte=day_ago)
+    retry_scheduled = scheduled_retries(now).values("task_id").distinct().count()
     trouble = dict(
         Event.objects.filter(kind__in=TROUBLE_EVENT_KINDS, created_at__gte=hour_ago)
         .values_list("kind")
@@ -105,13 +102,15 @@ def overview() -> Overview:
     paused = list(QueueState.objects.filter(paused=True).order_by("name"))
     return Overview(
         now=now,
+        hour_ago=hour_ago,
+        day_ago=day_ago,
         pending=by_status.get(TaskStatus.PENDING, 0) - retry_scheduled,
         running=by_status.get(TaskStatus.RUNNING, 0),
         retry_scheduled=retry_scheduled,
         waiting_approval=by_status.get(TaskStatus.WAITING_APPROVAL, 0),
         dead=by_status.get(TaskStatus.DEAD, 0),
-        succeeded_last_hour=succeeded.filter(finished_at__gte=hour_ago).count(),
-        succeeded_last_day=succeeded.count(),
+        succeeded_last_hour=succeeded_since(hour_ago).count(),
+        succeeded_last_day=succeeded_since(day_ago).count(),
         oldest_due_at=_due_steps(now)
         .exclude(queue__in=[state.name for state in paused])
         .aggregate(oldest=Min("available_at"))["oldest"],
@@ -120,6 +119,27 @@ def overview() -> Overview:
         throughput=_throughput(now),
         paused=paused,
     )
+
+
+# --- the definitions the overview's cards and the lists they open share ------------------------
+
+
+def succeeded_since(since: datetime) -> QuerySet[Task]:
+    """Tasks that succeeded at or after ``since`` (``task_succeeded_idx`` serves it): what the
+    overview's "succeeded" cards count, the task list they open lists and the workflows
+    pages count per workflow."""
+    return Task.objects.filter(status=TaskStatus.SUCCEEDED, finished_at__gte=since)
+
+
+def succeeded_by_workflow(since: datetime) -> dict[str, int]:
+    """:func:`succeeded_since`, counted per workflow."""
+    return dict(succeeded_since(since).values_list("workflow").annotate(n=Count("*")).order_by())
+
+
+def scheduled_retries(now: datetime) -> QuerySet[Step]:
+    """Steps waiting for a scheduled retry (the display state "retry scheduled"): pending,
+    claimed before, and not due until later."""
+    return Step.objects.filter(status=StepStatus.PENDING, attempts__gt=0, available_at__gt=now)
 
 
 def _due_steps(now: datetime) -> QuerySet[Step]:
@@ -131,7 +151,7 @@ def _throughput(now: datetime) -> list[MinuteCount]:
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=59)
     counts = {
         _minute(row["minute"]): row["n"]
-        for row in Task.objects.filter(status=TaskStatus.SUCCEEDED, finished_at__gte=start)
+        for row in succeeded_since(start)
         .annotate(minute=TruncMinute("finished_at"))
         .values("minute")
         .annotate(n=Count("*"))

@@ -37,7 +37,7 @@ def test_a_line_break_in_the_title_is_folded_out_of_the_subject_and_the_mail_is_
     assert len(mailoutbox) == 2
     folded = " ".join(request.summary.splitlines())
     for message in mailoutbox:
-        assert message.subject == f"Review #{request.pk} waits for you: {folded}"
+        assert message.subject == f"Approval #{request.pk} waits for you: {folded}"
         built = message.message()
         assert "\n" not in str(built["Subject"]) and built["Bcc"] is None
 

@@ -106,7 +106,7 @@ def test_running_the_notice_sends_one_message_per_recipient_linking_to_the_revie
     assert _sent_to(mailoutbox) == _address(newsroom["eddie"], newsroom["edith"], newsroom["sal"])
     link = f"{BASE_URL}/approvals/{request.pk}/"
     for message in mailoutbox:
-        assert message.subject == f"Review #{request.pk} waits for you: {request.summary}"
+        assert message.subject == f"Approval #{request.pk} waits for you: {request.summary}"
         assert message.from_email == settings.DEFAULT_FROM_EMAIL
         assert link in message.body
         assert f"Task: #{request.task_id} (publish_article), revision 0" in message.body
@@ -254,7 +254,7 @@ def test_a_reminder_goes_once_to_the_approvers_who_have_not_approved_yet(
     assert reminder.status == TaskStatus.SUCCEEDED
     assert _sent_to(mailoutbox) == _address(newsroom["eddie"], newsroom["sal"])
     for message in mailoutbox:
-        assert message.subject.startswith(f"Reminder: review #{request.pk} expires in ")
+        assert message.subject.startswith(f"Reminder: approval #{request.pk} expires in ")
         assert "Approvals: 1 of 2, each from a different person" in message.body
         assert f"{BASE_URL}/approvals/{request.pk}/" in message.body
     assert pending_request(task) == request
@@ -321,7 +321,7 @@ def test_an_undecided_request_escalates_once_to_the_senior_editors_who_are_told_
     assert notice is not None and notice.payload["to"] == ["sid-senior"]
     advance(notice)
     assert [message.to for message in mailoutbox] == [[sid.email]]
-    assert mailoutbox[0].subject == f"Escalated to senior_editors: review #{request.pk}"
+    assert mailoutbox[0].subject == f"Escalated to senior_editors: approval #{request.pk}"
     assert f"{BASE_URL}/approvals/{request.pk}/" in mailoutbox[0].body
 
     # Once only: the next sweeps leave it alone.
@@ -366,7 +366,7 @@ def test_with_digests_requests_open_silently_and_one_digest_per_window_lists_the
     for message in mailoutbox:
         assert message.subject == "2 drafts wait for your decision"
         for request in (first, second):
-            assert f"- Review #{request.pk}: {request.summary}" in message.body
+            assert f"- Approval #{request.pk}: {request.summary}" in message.body
             assert f"{BASE_URL}/approvals/{request.pk}/" in message.body
 
 

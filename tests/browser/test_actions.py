@@ -122,7 +122,7 @@ def test_an_editor_rejects_a_draft_and_its_task_is_cancelled(
     request = pending_request(advance(article(actor=author)))
     log_in(page, editor)
     page.goto("/approvals/")
-    page.get_by_role("link", name=f"Review #{request.pk}", exact=True).click()
+    page.get_by_role("link", name=f"Approval #{request.pk}", exact=True).click()
 
     page.get_by_label("Comment").fill("Off-brand: we do not announce this.")
     page.get_by_role("button", name="Reject").click()

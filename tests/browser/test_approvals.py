@@ -33,8 +33,8 @@ pytestmark = [
 def open_review(page: Page, request: ApprovalRequest) -> None:
     """From the approvals list, as an editor gets there."""
     page.goto("/approvals/")
-    page.get_by_role("link", name=f"Review #{request.pk}", exact=True).click()
-    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Review #{request.pk}")
+    page.get_by_role("link", name=f"Approval #{request.pk}", exact=True).click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Approval #{request.pk}")
 
 
 def test_an_editor_approves_a_draft_and_sees_it_published(
@@ -94,7 +94,7 @@ def test_an_editor_requests_changes_then_approves_the_next_revision_and_sees_it_
     assert (first.status, first.comment) == (ApprovalStatus.CHANGES_REQUESTED, comment)
 
     second = pending_request(task, worker, revision=1)
-    note = f"(Revision 1, as asked: {comment})"
+    note = f"(Revised as asked: {comment})"
     assert second.draft["body"].endswith(note)
     open_review(page, second)
     changes = page.locator("section").filter(
@@ -138,7 +138,7 @@ def test_an_editor_lands_on_the_requests_waiting_for_them_and_sees_why_others_ar
     expect(page.locator("nav .count")).to_have_text("(1 waiting for you)")
     mine = page.locator("table").first
     expect(mine.locator("tbody tr")).to_have_count(1)
-    expect(mine).to_contain_text(f"Review #{waiting.pk}")
+    expect(mine).to_contain_text(f"Approval #{waiting.pk}")
     expect(mine.locator("time").last).to_have_text(re.compile(r"^in \d"))
     others = page.locator("table.others")
     expect(others.locator("tbody tr")).to_have_count(1)

@@ -89,12 +89,12 @@ def test_an_editor_notified_by_mail_edits_the_draft_and_another_approves_it(
     # The editor reads the mail in the console's Mail page (the demo's mail) ...
     log_in(page, editor)
     page.get_by_role("navigation", name="Sections").get_by_role("link", name="Mail").click()
-    message = page.locator("article.mail").filter(has_text=f"Review #{request.pk} waits for you")
+    message = page.locator("article.mail").filter(has_text=f"Approval #{request.pk} waits for you")
     expect(message).to_have_count(1)
     expect(message).to_contain_text(f"Asked by: {author.username}")
     # ... and follows its link to the review.
     message.locator(f"a[href$='/approvals/{request.pk}/']").click()
-    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Review #{request.pk}")
+    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Approval #{request.pk}")
 
     # A typo is fixed on the spot: the edit is a new revision, shown as a change.
     page.get_by_text("Edit the draft").click()
@@ -109,7 +109,7 @@ def test_an_editor_notified_by_mail_edits_the_draft_and_another_approves_it(
     successor = pending_request(task, worker, revision=1)
     expect(page).to_have_url(re.compile(rf"/approvals/{successor.pk}/$"))
     expect(page.get_by_role("status")).to_contain_text(
-        f"Your edit is revision 1, now review #{successor.pk}: someone else decides on it"
+        f"Your edit is revision 1, now approval #{successor.pk}: someone else decides on it"
     )
     changes = page.locator("section").filter(
         has=page.get_by_role("heading", name=re.compile("What changed since revision 0"))
@@ -132,10 +132,10 @@ def test_an_editor_notified_by_mail_edits_the_draft_and_another_approves_it(
     expect(page.get_by_text("Edit the draft")).to_have_count(0)
     page.screenshot(path=SCREENSHOTS / "review-own-edit.png", full_page=True)
     notice_sent(successor, "opened", worker)
-    assert mail_to(editor, f"Review #{successor.pk} ") == []
+    assert mail_to(editor, f"Approval #{successor.pk} ") == []
 
     # The other editor is told, follows the mail and approves the edited text.
-    assert mail_to(other_editor, f"Review #{successor.pk} waits for you")
+    assert mail_to(other_editor, f"Approval #{successor.pk} waits for you")
     reviewer = second_page(browser, live_server.url)
     log_in(reviewer, other_editor)
     reviewer.goto(f"/approvals/{successor.pk}/")
@@ -164,7 +164,7 @@ def test_a_refused_edit_shows_why_on_its_field_keeps_the_text_and_stores_nothing
 
     # The same review, the edit still open with what was typed, the error on its field.
     expect(page).to_have_url(re.compile(rf"/approvals/{request.pk}/edit/$"))
-    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Review #{request.pk}")
+    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Approval #{request.pk}")
     title = page.locator(".field.invalid").filter(has=page.get_by_label("Title"))
     expect(title.get_by_role("alert")).to_have_text("draft.title: a non-empty string is required")
     expect(page.get_by_label("Body")).to_have_value("Launch day\n\nA better lead.")
@@ -188,9 +188,9 @@ def test_a_press_release_needs_two_different_editors(
 
     log_in(page, editor)
     expect(page).to_have_url("/approvals/")
-    row = page.locator("table").first.locator("tr").filter(has_text=f"Review #{request.pk}")
+    row = page.locator("table").first.locator("tr").filter(has_text=f"Approval #{request.pk}")
     expect(row).to_contain_text("0 of 2")
-    page.get_by_role("link", name=f"Review #{request.pk}", exact=True).click()
+    page.get_by_role("link", name=f"Approval #{request.pk}", exact=True).click()
     # A second tab on the same review, as a person who lost track of one.
     stale = page.context.new_page()
     stale.goto(f"/approvals/{request.pk}/")
@@ -217,7 +217,7 @@ def test_a_press_release_needs_two_different_editors(
 
     second = second_page(browser, live_server.url)  # type: ignore[attr-defined]
     log_in(second, other_editor)
-    second.get_by_role("link", name=f"Review #{request.pk}", exact=True).click()
+    second.get_by_role("link", name=f"Approval #{request.pk}", exact=True).click()
     second.get_by_role("button", name="Approve").click()
     expect(second.locator("#decision")).to_contain_text(f"Approval #{request.pk} approved.")
     expect(second.locator("#decision")).to_contain_text(
@@ -244,12 +244,12 @@ def test_an_undecided_press_release_escalates_to_the_senior_editors(
 
     log_in(page, senior_editor)
     expect(page).to_have_url("/approvals/")
-    row = page.locator("table").first.locator("tr").filter(has_text=f"Review #{request.pk}")
+    row = page.locator("table").first.locator("tr").filter(has_text=f"Approval #{request.pk}")
     expect(row).to_contain_text("escalated to senior_editors")
     page.screenshot(path=SCREENSHOTS / "approvals-inbox.png", full_page=True)
     page.get_by_role("navigation", name="Sections").get_by_role("link", name="Mail").click()
     expect(page.locator("article.mail")).to_contain_text(
-        [f"Escalated to senior_editors: review #{request.pk}"]
+        [f"Escalated to senior_editors: approval #{request.pk}"]
     )
     page.goto(f"/approvals/{request.pk}/")
     expect(page.locator(".escalation")).to_contain_text("Escalated to group senior_editors")
@@ -276,7 +276,7 @@ def test_a_reminder_before_expiry_is_sent_once(
         what="two sweeps after the reminder",
     )
 
-    subject = f"Reminder: review #{request.pk} expires in"
+    subject = f"Reminder: approval #{request.pk} expires in"
     assert len(mail_to(editor, subject)) == 1
     assert (
         Task.objects.filter(idempotency_key__startswith=f"approvals:notify:{request.pk}:").count()

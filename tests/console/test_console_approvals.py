@@ -22,7 +22,7 @@ def test_the_approvals_list_shows_what_the_viewer_may_decide_oldest_first(
     first = pending_article_request(actor=author, key="publish:a:1")
     second = pending_article_request(actor=author, key="publish:a:2")
     page = body(login(editor).get("/approvals/"))
-    assert page.index(f"Review #{first.pk}") < page.index(f"Review #{second.pk}")
+    assert page.index(f"Approval #{first.pk}") < page.index(f"Approval #{second.pk}")
     # The author may not decide their own tasks: nothing waits for them.
     assert "Nothing is waiting for you." in body(login(author).get("/approvals/"))
 
@@ -97,3 +97,24 @@ def test_a_decided_request_shows_who_decided_instead_of_the_form(
     page = body(login(editor).get(f"/approvals/{request.pk}/"))
     assert f"by {other_editor.username}" in page
     assert ">Approve</button>" not in page
+
+
+def test_every_page_names_an_approval_alike_and_prints_the_revision_it_holds(
+    editor: User, other_editor: User, author: User
+) -> None:
+    request = pending_article_request(actor=author)
+    approvals.request_changes(request, actor=editor, comment="Shorter title")
+    second = pending_request(advance(request.task))
+    edited = approvals.edit_draft(
+        second, actor=other_editor, changes={"title": "Short"}, comment="done"
+    )
+    assert edited is not None and edited.revision == 2
+    # The draft carries no revision of its own that an edit would leave behind.
+    assert "revision" not in edited.draft and "Revision 1" not in edited.draft["body"]
+    client = login(editor)
+    review = body(client.get(f"/approvals/{edited.pk}/"))
+    assert f"<h1>Approval #{edited.pk} " in review and "revision 2</span>" in review
+    assert "Review #" not in review and "Revision</h3>" not in review
+    listed = body(client.get("/approvals/"))
+    assert f">Approval #{edited.pk}</a>" in listed and "Review #" not in listed
+    assert re.search(r"<td>2 <span class=\"muted\">\(edited by", listed)

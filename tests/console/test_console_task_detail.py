@@ -3,6 +3,8 @@ an action is refused, answered or redirected."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -37,6 +39,17 @@ def test_an_unknown_outcome_offers_mark_done_and_run_again(oncall: User, auditor
     # Someone without the permissions sees the task and no action.
     assert '<form method="post" action="/tasks/' not in body(
         login(auditor).get(f"/tasks/{task.pk}/")
+    )
+
+
+def test_an_unknown_outcome_says_only_what_is_known(oncall: User) -> None:
+    page = body(login(oncall).get(f"/tasks/{unknown_outcome().pk}/"))
+    assert "Nobody knows whether the remote call of this step happened" in page
+    assert "no external write" not in page
+    assert "The effects ledger holds no entry for this step" in page
+    # A step that died for another reason with nothing in the ledger made no write.
+    assert "this step made no external write" in body(
+        login(oncall).get(f"/tasks/{dead_task().pk}/")
     )
 
 
@@ -134,3 +147,17 @@ def test_a_payload_nested_ten_thousand_deep_is_a_form_error(oncall: User) -> Non
     assert response.status_code == 400
     assert "payload: nesting deeper than 32 levels" in body(response)
     assert Task.objects.get(pk=task.pk).status == TaskStatus.DEAD
+
+
+def test_every_required_reason_is_marked_required(oncall: User) -> None:
+    client = login(oncall)
+    pages = [
+        body(client.get(f"/tasks/{unknown_outcome().pk}/")),
+        body(client.get(f"/tasks/{dead_task().pk}/")),
+        body(client.get("/queues/")),
+    ]
+    for page in pages:
+        fields = re.findall(r'<(?:textarea|input)[^>]*name="reason"[^>]*>', page)
+        assert fields and all(" required" in field for field in fields), fields
+        labels = re.findall(r"<label [^>]*>Reason[^<]*(.*?)</label>", page, re.S)
+        assert labels and all("(required)" in label for label in labels), labels

@@ -49,13 +49,13 @@ def test_the_mail_page_shows_the_reader_their_own_mail_and_a_superuser_everyone_
     # Non-ASCII and a non-breaking space: the body is written 8bit and read back as sent.
     send(
         editor.email,
-        "Review #1 waits for you",
+        "Approval #1 waits for you",
         "“Launch day” expires in 1\xa0day\nhttp://x/approvals/1/",
         notice_to=editor,
     )
     send(
         other_editor.email,
-        "Review #2 waits for you",
+        "Approval #2 waits for you",
         "for the other editor",
         notice_to=other_editor,
     )
@@ -63,11 +63,11 @@ def test_the_mail_page_shows_the_reader_their_own_mail_and_a_superuser_everyone_
     mine = login(editor).get(reverse("console:mail"))
     page = mine.content.decode()
     assert mine.status_code == 200
-    assert "Review #1 waits for you" in page and "“Launch day” expires in 1\xa0day" in page
+    assert "Approval #1 waits for you" in page and "“Launch day” expires in 1\xa0day" in page
     assert '<a href="http://x/approvals/1/"' in page
-    assert "Review #2" not in page
+    assert "Approval #2" not in page
     everyone = login(superuser).get(reverse("console:mail")).content.decode()
-    assert "Review #1 waits for you" in everyone and "Review #2 waits for you" in everyone
+    assert "Approval #1 waits for you" in everyone and "Approval #2 waits for you" in everyone
     # The nav offers the page only where mail is written to files.
     assert 'href="/mail/"' in page
 
@@ -79,15 +79,15 @@ def test_the_mail_page_shows_the_notices_addressed_to_the_reader_not_to_a_lookal
     # Two accounts whose addresses differ only in case: each reads only their own notices.
     User.objects.filter(pk=editor.pk).update(email="Desk@newsroom.example")
     User.objects.filter(pk=other_editor.pk).update(email="desk@newsroom.example")
-    send("Desk@newsroom.example", "Review #1 for edith", "one", notice_to=editor)
-    send("desk@newsroom.example", "Review #2 for eddie", "two", notice_to=other_editor)
+    send("Desk@newsroom.example", "Approval #1 for edith", "one", notice_to=editor)
+    send("desk@newsroom.example", "Approval #2 for eddie", "two", notice_to=other_editor)
     send("desk@newsroom.example", "Not a notice", "three")
 
     edith = login(editor).get(reverse("console:mail")).content.decode()
     eddie = login(other_editor).get(reverse("console:mail")).content.decode()
 
-    assert "Review #1 for edith" in edith and "Review #2" not in edith
-    assert "Review #2 for eddie" in eddie and "Review #1" not in eddie
+    assert "Approval #1 for edith" in edith and "Approval #2" not in edith
+    assert "Approval #2 for eddie" in eddie and "Approval #1" not in eddie
     assert "Not a notice" not in edith and "Not a notice" not in eddie
 
 

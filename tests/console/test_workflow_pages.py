@@ -49,12 +49,15 @@ def test_the_list_shows_each_workflows_figures_over_the_chosen_window(oncall: Us
     client = login(oncall)
 
     hour = body(client.get("/workflows/", {"window": "hour"}))
-    assert cell(hour, "demo.noop", "succeeded") == "3"
+    # The steps are counted since the sample, and the page says over how long; the tasks
+    # that succeeded in the hour are counted from the tasks.
+    assert cell(hour, "demo.noop", "succeeded") == "3 over 1 h 30 min"
+    assert cell(hour, "demo.noop", "tasks_succeeded") == "5"
     assert cell(hour, "demo.noop", "failure_rate") == "0.0%"
     day = body(client.get("/workflows/"))  # the day is the default
     assert 'aria-current="true">Last day<' in day
     # The sample is the first: the day counts from it, and says since when.
-    assert cell(day, "demo.noop", "succeeded") == "3"
+    assert cell(day, "demo.noop", "succeeded") == "3 over 1 h 30 min"
     assert re.search(r'demo\.noop</a> <span class="small muted">\(since <time', day)
     assert 'href="/workflows/demo.noop/?window=day"' in day
     # A registered workflow that never ran is listed, with nothing to show yet.
@@ -70,7 +73,7 @@ def test_a_dead_letter_shows_in_the_failure_rate(oncall: User) -> None:
     page = body(login(oncall).get("/workflows/", {"window": "hour"}))
     assert cell(page, "demo.flaky", "failure_rate") == "50.0% (1 dead)"
     assert cell(page, "demo.flaky", "retry_rate") == "0.0%"
-    assert cell(page, "demo.flaky", "succeeded") == "1"
+    assert cell(page, "demo.flaky", "succeeded") == "1 over 30 min"
 
 
 def test_a_bad_window_is_refused_naming_the_field_and_the_rule(oncall: User) -> None:

@@ -233,7 +233,7 @@ def test_rates_are_shares_of_what_ended() -> None:
     f = wf.Figures.between(before, after)
     assert f.failure_rate == pytest.approx(10 / 100)
     assert f.retry_rate == pytest.approx(20 / 120)
-    assert f.per_hour == pytest.approx(45)
+    assert f.span == timedelta(hours=2)
     assert f.mean == pytest.approx(0.5)
     empty = wf.Figures.between(before, wf.Point(at=now))
     assert (empty.failure_rate, empty.retry_rate, empty.p50, empty.mean) == (None,) * 4

@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 
 from approvals import services as approvals
 from tasks_app import services
+from tasks_app.engine import runner
 from tasks_app.models import Event
 from tasks_app.operations.redaction import (
     REDACTED,
@@ -196,3 +197,20 @@ def test_every_key_the_system_writes_in_event_data_is_named_as_its_own(
     written = {key for data in Event.objects.values_list("data", flat=True) for key in data}
     assert {"token", "old_payload", "error", "retry_in", "current_token", "back_to"} <= written
     assert written - SYSTEM_EVENT_KEYS <= PRODUCER_EVENT_KEYS
+
+
+def test_a_results_token_is_redacted_as_documented_and_an_events_token_is_not(
+    oncall: User,
+) -> None:
+    """The README's rule: every key of a result follows the patterns; only the event keys
+    the system writes (``SYSTEM_EVENT_KEYS``) are exempt."""
+    task = services.enqueue("demo.flaky", {}).task
+    runner.run_task_steps(task)
+    step = only_step(task)
+    step.refresh_from_db()
+    assert step.result == {"token": step.fencing_token, "attempt": 1}
+    assert redact(step.result) == {"token": REDACTED, "attempt": 1}
+    claimed = Event.objects.filter(task_id=task.pk, kind="succeeded").first()
+    assert claimed is not None and "token" in claimed.data
+    assert redact_event_data(claimed.data)["token"] == claimed.data["token"]
+    assert "token" in SYSTEM_EVENT_KEYS
