@@ -16,8 +16,7 @@ from django import forms
 from django.conf import settings
 
 from tasks_app import services, validation
-from tasks_app.engine import fingerprints
-from tasks_app.models import EventKind
+from tasks_app.models import EventKind, fingerprints
 from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
 from tasks_app.operations.listings import AuditFilter, DeadFilter, workflow_names
 from tasks_app.operations.task_actions import ACTIONS

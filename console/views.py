@@ -34,8 +34,8 @@ from approvals.services import DECIDE_PERMISSION
 from console import charts, errors, forms, presenters
 from console.task_filters import TaskFilterForm
 from tasks_app import services
+from tasks_app.engine import presence
 from tasks_app.models import Task, TaskStatus
-from tasks_app.observability import presence
 from tasks_app.operations import listings, selectors
 from tasks_app.operations.task_actions import ACTIONS, Action
 

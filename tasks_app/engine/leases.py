@@ -29,8 +29,8 @@ from tasks_app.engine.transitions import (
 )
 from tasks_app.engine.waiting import open_approval_step
 from tasks_app.exceptions import AWAITING_VERSION
+from tasks_app.history import counting
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
-from tasks_app.observability import counting
 
 # The reason of the `cancelled` event of a task whose cancel came while its step ran and
 # whose step then succeeded (COMPLETE_SQL writes the same text).

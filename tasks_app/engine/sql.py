@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 
 from tasks_app.exceptions import LEASE_EXPIRED
-from tasks_app.observability.counting import CLAIMED, ENQUEUED, SHARDS, STEP_SECONDS
+from tasks_app.history.counting import CLAIMED, ENQUEUED, SHARDS, STEP_SECONDS
 
 # "A step is due", as models.StepQuerySet.due says it, for the statements below.
 DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"

@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 
 from tasks_app.access import SWEEPER
 from tasks_app.db.lock_conflicts import is_lock_conflict, lock_wait
+from tasks_app.engine import presence
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.endings import finish_attempt, next_status
 from tasks_app.engine.transitions import (
@@ -26,7 +27,7 @@ from tasks_app.engine.transitions import (
 from tasks_app.exceptions import LEASE_EXPIRED, UNDECODABLE_PAYLOAD
 from tasks_app.models import EventKind, Lease, Step, StepStatus
 from tasks_app.models.json_columns import first_undecodable
-from tasks_app.observability import presence, workflow_samples
+from tasks_app.observability import workflow_samples
 from tasks_app.operations import retention
 
 logger = logging.getLogger(__name__)

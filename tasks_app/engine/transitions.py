@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from tasks_app.access import Actor, actor_fields
 from tasks_app.engine.effects import Effects
-from tasks_app.history import derive_task_status
+from tasks_app.history import audit_chain, counting, derive_task_status, oplog
 from tasks_app.models import (
     TERMINAL_TASK_STATUSES,
     Event,
@@ -28,8 +28,6 @@ from tasks_app.models import (
     Task,
     TaskStatus,
 )
-from tasks_app.observability import counting, oplog
-from tasks_app.operations import audit_chain
 from tasks_app.signals import announce_on_commit
 from tasks_app.workflows import StepContext, registry
 

@@ -166,7 +166,7 @@ def test_an_unknown_workflow_is_not_found(oncall: User) -> None:
 
 
 def test_a_workflow_no_longer_registered_still_has_its_page(oncall: User) -> None:
-    from tasks_app.observability import counting
+    from tasks_app.history import counting
 
     counting.upsert({"enqueued:retired.flow#0": 2})
     page = body(login(oncall).get("/workflows/retired.flow/"))

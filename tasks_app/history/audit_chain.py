@@ -32,7 +32,7 @@ The lock is the last one an operator transaction takes (after its task's), and n
 waits for a task or step row while holding it, so it adds no deadlock.
 
 Verifying the chain, and the checkpoint retention writes before it deletes chained events,
-are in ``tasks_app.operations.audit_verify``.
+are in ``tasks_app.history.audit_verify``.
 """
 
 from __future__ import annotations
