@@ -4,7 +4,7 @@ of the operator event before it, so an event edited, deleted or inserted afterwa
 
 What is chained: the events whose kind is an operator action (``OPERATOR_EVENT_KINDS``),
 whoever wrote them (a person, a command, the system settling a cancel), all through
-:func:`transitions.record_event`. Worker events (claimed, succeeded, ...) are not: chaining
+:func:`events.record_event`. Worker events (claimed, succeeded, ...) are not: chaining
 serialises every writer on one lock; measured, 8 connections wrote 1,604 plain events/s
 but 203 chained ones, no more than one connection did (docs/audit.md). Operator actions
 are written at the pace of people.

@@ -20,7 +20,7 @@ What a line may carry is listed here, by name: never a payload or a result. Free
 error, a reason) is cut short and has the values of secret keys removed, as has any dict a
 line carries (``tasks_app.redaction``, with ``REDACT_KEY_PATTERNS``).
 
-The hook is :func:`log_event`, which ``transitions.record_event`` calls for every event
+The hook is :func:`log_event`, which ``events.record_event`` calls for every event
 the ORM writes; the SQL batch path writes only claims, successes and the ``cancelled`` of
 a task whose cancel came while its step ran, which it logs with :func:`log_event` too
 (``fastpath.complete_many``). Its retries, dead letters and stale writes go through the ORM.

@@ -29,7 +29,7 @@ from django.db.models import F
 from django.db.models import Window as Over
 from django.db.models.functions import RowNumber
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.history import counting
 from tasks_app.history.counting import WorkflowTotals
 from tasks_app.models import EventKind, WorkflowSample

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.history import counting
 from tasks_app.history.counting import WorkflowTotals
 from tasks_app.models import WorkflowSample

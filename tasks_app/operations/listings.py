@@ -13,7 +13,7 @@ from django.db import connection
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 
 from tasks_app import validation
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import (
     OPERATOR_EVENT_KINDS,

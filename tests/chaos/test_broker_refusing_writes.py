@@ -19,8 +19,8 @@ import pytest
 from django.db.models import Max
 from django.test import Client
 
+from tasks_app.db.clock import db_now
 from tasks_app.engine import presence
-from tasks_app.engine.transitions import db_now
 from tasks_app.models import Task, TaskStatus
 from tests.chaos.harness import (
     Cluster,

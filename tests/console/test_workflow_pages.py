@@ -13,8 +13,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from tasks_app import services
+from tasks_app.db.clock import db_now
 from tasks_app.engine import runner
-from tasks_app.engine.transitions import db_now
 from tasks_app.observability import workflow_samples as ws
 from tests.console_support import HTMX, body, login
 from tests.factories import dead_task
