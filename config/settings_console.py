@@ -120,9 +120,9 @@ AXES_COOLOFF_TIME = timedelta(seconds=env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 90
 # said it would; a successful login clears that pair's count.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_RESET_ON_SUCCESS = True
-# The address is the client's as tasks_app/integrations/addresses.py decides it:
+# The address is the client's as tasks_app/addresses.py decides it:
 # X-Forwarded-For only from TRUSTED_PROXY_NETWORKS.
-AXES_CLIENT_IP_CALLABLE = "tasks_app.integrations.addresses.client_address"
+AXES_CLIENT_IP_CALLABLE = "tasks_app.addresses.client_address"
 # The refused login page itself (its form says why), with axes' status (429).
 AXES_LOCKOUT_CALLABLE = "console.logins.lockout_response"
 AXES_HTTP_RESPONSE_CODE = 429

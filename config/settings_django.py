@@ -61,7 +61,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # X-Forwarded-Proto believed only from TRUSTED_PROXY_NETWORKS, before anything asks
     # whether a request came over TLS.
-    "tasks_app.integrations.addresses.ForwardedProtoMiddleware",
+    "tasks_app.addresses.ForwardedProtoMiddleware",
     # /healthz and /readyz, before the host check and the HTTPS redirect.
     "tasks_app.observability.probes.ProbeMiddleware",
     # Every statement of a request under the web's short deadline (TASKS_WEB_STATEMENT_TIMEOUT_MS).
@@ -336,7 +336,7 @@ LOGGING = {
 if PRODUCTION:
     # A request came over TLS when the proxy that ended it says so; the header is read only
     # from the proxies named in DJANGO_TRUSTED_PROXIES and dropped from anyone else
-    # (tasks_app.integrations.addresses.ForwardedProtoMiddleware), so a client that reaches a
+    # (tasks_app.addresses.ForwardedProtoMiddleware), so a client that reaches a
     # web process directly cannot claim HTTPS. gunicorn believes no forwarded header itself (the
     # Procfile's --forwarded-allow-ips '').
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -350,7 +350,7 @@ if PRODUCTION:
 
 # Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (comma-separated
 # networks; none by default, so a client's address is always the connecting one and no
-# request is taken for HTTPS on a header's word: tasks_app/integrations/addresses.py).
+# request is taken for HTTPS on a header's word: tasks_app/addresses.py).
 # Behind a proxy,
 # name its addresses; unset, every client has the proxy's address, and production
 # redirects every request the proxy forwards to HTTPS again.

@@ -143,7 +143,7 @@ RETENTION_BATCH = env_int("RETENTION_BATCH", 500)
 # /metrics answers a request bearing this token ("Authorization: Bearer <token>"), from any
 # address, and once it is set nothing else: a proxy on the web process's own machine makes
 # every request look local. Without a token it answers these networks (the client's address
-# as tasks_app/integrations/addresses.py tells it; "none" for no network).
+# as tasks_app/addresses.py tells it; "none" for no network).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
 

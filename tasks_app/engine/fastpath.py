@@ -48,7 +48,7 @@ from tasks_app.signals import announce_on_commit
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from tasks_app.workflows import Workflow
+    from tasks_app.engine.workflows import Workflow
 
 
 class Insertable(Protocol):

@@ -17,7 +17,7 @@ from django.db import InterfaceError, OperationalError, connections
 from tasks_app import services
 from tasks_app.db.idle_connections import idle_seconds
 from tasks_app.db.lock_conflicts import is_lock_conflict
-from tasks_app.workflows import StepContext
+from tasks_app.engine.workflows import StepContext
 
 # The keeper's lines keep the name the worker's log has always given them (the runner's),
 # so filters and alerts on it still match.

@@ -22,6 +22,7 @@ from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.effects import LeaseLost
 from tasks_app.engine.lease_keeper import lease_keeper
 from tasks_app.engine.transitions import leads_to_approval
+from tasks_app.engine.workflows import StepContext, StepSpec, Workflow, registry
 from tasks_app.exceptions import (
     AWAITING_VERSION,
     UNDECODABLE_PAYLOAD,
@@ -34,7 +35,6 @@ from tasks_app.exceptions import (
 )
 from tasks_app.models import Step, Task
 from tasks_app.models.json_columns import first_undecodable
-from tasks_app.workflows import StepContext, StepSpec, Workflow, registry
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from tasks_app.access import Actor
 from tasks_app.engine.effects import Effects
+from tasks_app.engine.workflows import StepContext, registry
 from tasks_app.history import counting, derive_task_status
 from tasks_app.history.events import record_event
 from tasks_app.models import (
@@ -28,7 +29,6 @@ from tasks_app.models import (
     TaskStatus,
 )
 from tasks_app.signals import announce_on_commit
-from tasks_app.workflows import StepContext, registry
 
 
 def fast_path_enabled() -> bool:

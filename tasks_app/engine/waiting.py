@@ -21,10 +21,10 @@ from tasks_app.engine.transitions import (
     settle_and_record,
     step_context,
 )
+from tasks_app.engine.workflows import AwaitDecision, registry
 from tasks_app.exceptions import InvalidTransition, error_class, error_text
 from tasks_app.history.events import event_error
 from tasks_app.models import EventKind, Step, StepStatus, Task, step_key
-from tasks_app.workflows import AwaitDecision, registry
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 
 from tasks_app import validation
 from tasks_app.db.clock import db_now
+from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import (
     OPERATOR_EVENT_KINDS,
@@ -27,7 +28,6 @@ from tasks_app.models import (
 from tasks_app.models.fingerprints import masked_message
 from tasks_app.operations.selectors import scheduled_retries, succeeded_since
 from tasks_app.redaction import secret_key_in
-from tasks_app.workflows import registry
 
 # --- lists ------------------------------------------------------------------------------------
 

@@ -25,13 +25,13 @@ from tasks_app.engine.transitions import (
     settle_and_record,
 )
 from tasks_app.engine.waiting import open_approval_step
+from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.history.events import record_event
 from tasks_app.models import Effect, EventKind, QueueState, Step, StepStatus, Task
 from tasks_app.models.json_columns import described
 from tasks_app.operations.task_actions import ACTIONS, Action, refusal
 from tasks_app.signals import steps_cancelled
-from tasks_app.workflows import registry
 
 
 def _run_again(step: Step, now: datetime) -> None:
