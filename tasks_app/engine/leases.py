@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from tasks_app.access import SYSTEM
 from tasks_app.db.clock import db_now, now_plus
 from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
-from tasks_app.engine.endings import FAILED_ATTEMPT_EVENTS, finish_attempt, next_status
+from tasks_app.engine.states import FAILED_ATTEMPT_EVENTS, finish_attempt, next_status
 from tasks_app.engine.transitions import after_success, lock_task, paused_filter, release_lease
 from tasks_app.engine.waiting import open_approval_step
 from tasks_app.exceptions import AWAITING_VERSION

@@ -18,7 +18,7 @@ from tasks_app.db.clock import db_now
 from tasks_app.db.lock_conflicts import is_lock_conflict, lock_wait
 from tasks_app.engine import presence
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.endings import finish_attempt, next_status
+from tasks_app.engine.states import finish_attempt, next_status
 from tasks_app.engine.transitions import paused_filter, release_lease, try_lock_task
 from tasks_app.exceptions import LEASE_EXPIRED, UNDECODABLE_PAYLOAD
 from tasks_app.models import EventKind, Lease, Step, StepStatus

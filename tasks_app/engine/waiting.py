@@ -13,7 +13,7 @@ from django.db import transaction
 from tasks_app.access import SYSTEM, Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.endings import finish_attempt
+from tasks_app.engine.states import finish_attempt
 from tasks_app.engine.transitions import (
     after_success,
     cancel_steps,

@@ -1,4 +1,4 @@
-"""How an attempt ends (``tasks_app.engine.endings``): the status a failed or expired attempt
+"""How an attempt ends (``tasks_app.engine.states``): the status a failed or expired attempt
 leaves its step in, and the task's ending event after the attempt's own, written once."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from tasks_app.engine.endings import finish_attempt, next_status
+from tasks_app.engine.states import finish_attempt, next_status
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.conftest import event_kinds, only_step
 from tests.factories import noop
