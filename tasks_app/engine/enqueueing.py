@@ -16,6 +16,7 @@ from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fastpath import insert_tasks
+from tasks_app.engine.states import initial_status
 from tasks_app.engine.transitions import bump_counter, fast_path_enabled
 from tasks_app.engine.workflows import Workflow, registry
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, all_of
@@ -297,7 +298,7 @@ def _insert_with_orm(
                     position=position,
                     revision=0,
                     kind=spec.kind,
-                    status=StepStatus.PENDING if first else StepStatus.BLOCKED,
+                    status=initial_status(position),
                     queue=task.queue,
                     priority=task.priority,
                     max_attempts=spec.max_attempts,

@@ -38,12 +38,11 @@ from tasks_app.engine.sql import (
     TASK_COLUMNS,
     claim_sql,
 )
-from tasks_app.engine.states import record_ending
+from tasks_app.engine.states import announce_on_commit, record_ending
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history.counting import STEP_SECONDS_BUCKETS, bucket_label
 from tasks_app.models import EventKind, Step, Task, TaskStatus
-from tasks_app.signals import announce_on_commit
 
 if TYPE_CHECKING:
     from datetime import datetime

@@ -7,23 +7,22 @@ is recorded as ``stale_write_rejected``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
-from tasks_app.access import SYSTEM
-from tasks_app.db.clock import db_now, now_plus
-from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
-from tasks_app.engine.states import FAILED_ATTEMPT_EVENTS, finish_attempt, next_status
-from tasks_app.engine.transitions import after_success, lock_task, paused_filter, release_lease
+from tasks_app.db.clock import now_plus
+from tasks_app.engine.dispatch import ring_on_commit
+from tasks_app.engine.states import Ending, end_attempt, start_attempt
+from tasks_app.engine.transitions import lock_task, paused_filter
 from tasks_app.engine.waiting import open_approval_step
 from tasks_app.exceptions import AWAITING_VERSION
 from tasks_app.history import counting
-from tasks_app.history.events import event_error, record_event
-from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
+from tasks_app.history.events import record_event
+from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task
 
 # The reason of the `cancelled` event of a task whose cancel came while its step ran and
 # whose step then succeeded (COMPLETE_SQL writes the same text).
@@ -83,16 +82,7 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
         )
         if step is None:
             return None
-        step.status = StepStatus.RUNNING
-        step.attempts += 1
-        step.fencing_token += 1
-        Step.objects.filter(pk=step.pk).update(
-            status=step.status,
-            attempts=step.attempts,
-            fencing_token=step.fencing_token,
-            lease_expires_at=now_plus(lease),
-            started_at=Now(),
-        )
+        start_attempt(task, step, lease_seconds=lease)
         Lease.objects.create(
             step=step,
             token=step.fencing_token,
@@ -100,9 +90,6 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
             acquired_at=Now(),
             expires_at=now_plus(lease),
         )
-        if task.status != TaskStatus.RUNNING:
-            task.status = TaskStatus.RUNNING
-            task.save(update_fields=["status", "updated_at"])
         record_event(
             EventKind.CLAIMED,
             task_id=task.pk,
@@ -169,41 +156,36 @@ def heartbeat(claim: Claim, *, lease_seconds: int | None = None) -> HeartbeatRes
 
 def complete_step(claim: Claim, result: Any) -> bool:
     """Record a step's result and make the next step due. False if the claim is stale."""
+    return _end(
+        claim,
+        "complete",
+        Ending(
+            EventKind.SUCCEEDED,
+            actor=f"worker:{claim.worker_id}",
+            lease=Lease.Outcome.SUCCEEDED,
+            token=claim.token,
+            status=StepStatus.SUCCEEDED,
+            result=result,
+            ending_reason=CANCELLED_WHILE_RUNNING,
+        ),
+    )
+
+
+def _end(claim: Claim, operation: str, ending: Ending) -> bool:
+    """End the attempt of ``claim`` as ``ending`` says, if the claim still holds its step
+    (:func:`states.end_attempt`); then open the approval step a success reached and ring
+    for what became due. Else record the stale write (``operation``) and return False."""
     with transaction.atomic():
         task = lock_task(claim.task_id)
         step = _held_step(claim)
         if step is not None:
-            now = db_now()
-            step.status = StepStatus.SUCCEEDED
-            step.result = result
-            step.finished_at = now
-            step.lease_expires_at = None
-            step.save(update_fields=["status", "result", "finished_at", "lease_expires_at"])
-            release_lease(step, claim.token, Lease.Outcome.SUCCEEDED)
-            if step.started_at is not None:
-                seconds = (now - step.started_at).total_seconds()
-                counting.add(counting.step_seconds([seconds], task.workflow))
-            due: list[Step] = []
-            reached = None
-            if task.cancel_requested_at is None:
-                due, reached = after_success(task, step, now)
-            actor = f"worker:{claim.worker_id}"
-            finish_attempt(
-                task,
-                step,
-                EventKind.SUCCEEDED,
-                actor=actor,
-                also=due,
-                ended_by=SYSTEM,
-                ending_reason=CANCELLED_WHILE_RUNNING,
-                token=claim.token,
-            )
+            _, reached, bells = end_attempt(task, step, ending)
             # (A task that ended here reached no approval step: a cancel stops it first.)
             if reached is not None:
-                open_approval_step(task, reached, actor=actor)
-            ring_on_commit([Doorbell(s.pk, s.queue) for s in due])
+                open_approval_step(task, reached, actor=ending.actor)
+            ring_on_commit(bells)
             return True
-    reject_stale(claim, "complete")
+    reject_stale(claim, operation)
     return False
 
 
@@ -218,49 +200,21 @@ def fail_step(
     """Record a failed attempt: retry after ``retry_in`` seconds while attempts remain,
     else dead-letter with ``reason``. ``retry_in=None`` dead-letters at once.
     """
-    with transaction.atomic():
-        task = lock_task(claim.task_id)
-        step = _held_step(claim)
-        if step is not None:
-            step.last_error = message[:10_000]
-            step.error_class = error_class[:200]
-            step.lease_expires_at = None
-            release_lease(step, claim.token, Lease.Outcome.FAILED)
-            bells: list[Doorbell] = []
-            step.status = next_status(task, step, may_retry=retry_in is not None)
-            kind = FAILED_ATTEMPT_EVENTS[step.status]
-            if step.status == StepStatus.PENDING and retry_in is not None:
-                step.available_at = db_now() + timedelta(seconds=retry_in)
-                if retry_in <= MAX_COUNTDOWN:
-                    step.dispatched_at = step.available_at
-                    bells.append(Doorbell(step.pk, step.queue, retry_in))
-                else:
-                    # No doorbell that far out: the sweeper rings as soon as it is due.
-                    step.dispatched_at = None
-            else:
-                step.finished_at = db_now()
-                if step.status == StepStatus.DEAD and retry_in is not None:
-                    reason = "max_attempts"
-            step.save()
-            worker = f"worker:{claim.worker_id}"
-            # Its own event is the task's ending (cancelled, dead_lettered) when it ends it.
-            finish_attempt(
-                task,
-                step,
-                kind,
-                actor=worker,
-                reason=reason if kind == EventKind.DEAD_LETTERED else "",
-                ended_by=worker,
-                ending_reason=reason,
-                token=claim.token,
-                error_class=step.error_class,
-                error=event_error(step.last_error),
-                retry_in=retry_in if kind == EventKind.RETRY_SCHEDULED else None,
-            )
-            ring_on_commit(bells)
-            return True
-    reject_stale(claim, "fail")
-    return False
+    worker = f"worker:{claim.worker_id}"
+    return _end(
+        claim,
+        "fail",
+        Ending(
+            None,
+            actor=worker,
+            lease=Lease.Outcome.FAILED,
+            token=claim.token,
+            retry_in=retry_in,
+            error=(error_class, message),
+            reason=reason,
+            ended_by=worker,
+        ),
+    )
 
 
 def release_claim(
@@ -289,38 +243,23 @@ def release_claim(
         step = _held_step(claim)
         if step is None:
             return False
-        release_lease(step, claim.token, Lease.Outcome.RELEASED)
-        now = db_now()
-        step.lease_expires_at = None
-        # The claim raised the attempts by one; the token stays raised (it never goes back).
-        step.attempts = max(step.attempts - 1, 0)
-        if task.cancel_requested_at is not None:
-            step.status, outcome = StepStatus.CANCELLED, "cancelled"
-            step.finished_at = now
-        else:
-            step.status, outcome = StepStatus.PENDING, "pending"
-            step.dispatched_at = now
-            step.available_at = now + timedelta(seconds=retry_in)
-        fields = ["status", "attempts", "lease_expires_at", "finished_at"]
-        fields += ["available_at", "dispatched_at"]
-        if error is not None:
-            step.error_class, step.last_error = error
-            fields += ["error_class", "last_error"]
-        step.save(update_fields=fields)
-        finish_attempt(
+        _, _, bells = end_attempt(
             task,
             step,
-            EventKind.CLAIM_RELEASED,
-            actor=actor,
-            reason=reason,
-            ended_by=SYSTEM,
-            ending_reason="cancel requested while the step was claimed; its claim was released",
-            token=claim.token,
-            outcome=outcome,
-            **data,
+            Ending(
+                EventKind.CLAIM_RELEASED,
+                actor=actor,
+                lease=Lease.Outcome.RELEASED,
+                token=claim.token,
+                handed_back=True,
+                retry_in=retry_in,
+                error=error,
+                reason=reason,
+                ending_reason="cancel requested while the step was claimed; its claim was released",
+                data=data,
+            ),
         )
-        if step.status != StepStatus.CANCELLED:
-            ring_on_commit([Doorbell(step.pk, step.queue, countdown=retry_in)])
+        ring_on_commit(bells)
     return True
 
 

@@ -51,7 +51,8 @@ _CLAIM_ROWS = ", ".join(
     + [_CLAIMED_TASK.get(name, f"t.{name}") for name in TASK_COLUMNS]
 )
 
-# ORM twin: leases.claim_step (one step), fastpath._claim_batch_one_by_one (many). "Due" is
+# ORM twin: leases.claim_step with states.start_attempt (one step),
+# fastpath._claim_batch_one_by_one (many). "Due" is
 # models.StepQuerySet.due, "not paused" is transitions.paused_filter, the event's steps
 # triple is history.events.step_state.
 # The batch size is written into the statement ({limit}, see claim_sql), not passed as a
@@ -135,12 +136,13 @@ def claim_sql(limit: int) -> str:
 LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
 
 
-# ORM twin: leases.complete_step. "What a success leads to" is transitions.after_success
-# (here: the blocked step at the next position; the runner sends a success for which
-# transitions.leads_to_approval holds through complete_step instead), the task's status
-# is transitions.settle_task's, the steps triple history.events.step_state's, and how the
-# attempt ends is endings.finish_attempt's (its event here; the task's ending event,
-# endings.record_ending, written by fastpath.complete_many after this statement).
+# ORM twin: leases.complete_step, that is states.end_attempt for a success. "What a success
+# leads to" is states.after_success (here: the blocked step at the next position; the
+# runner sends a success for which transitions.leads_to_approval holds through
+# complete_step instead), the task's status is states.settle_task's, the steps triple
+# history.events.step_state's, and the attempt's events are end_attempt's (its event here;
+# the task's ending event, states.record_ending, written by fastpath.complete_many after
+# this statement).
 # One statement after the tasks are locked: fenced success for every step still held by
 # its token, leases released, the next step of each task made due (unless a cancel was
 # requested), task status settled, and one `succeeded` event per step. The `cancelled`

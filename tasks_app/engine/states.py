@@ -1,24 +1,53 @@
-"""How an attempt ends, decided in one place: the status a failed or expired attempt leaves
-its step in, and what the task becomes with both events: the attempt's own (``succeeded``,
-``retry_scheduled``, ``lease_expired``, an approval's decision...) and, when the attempt
-ended the task, its status event (``cancelled`` or ``dead_lettered``), unless the attempt's
-own event already is it.
+"""The step's state machine, in one place: every status a step takes, the fields that go
+with it, and what the task becomes.
 
-Completing and failing a step (``leases``), a lease running out (``sweeper``) and closing
-an approval step (``waiting``) call :func:`finish_attempt`; the fast path's batch
-completion (``fastpath.complete_many``, its SQL ``sql.COMPLETE_SQL``) settles in SQL and then
-calls :func:`record_ending`, and ``tests/engine/test_parity.py`` compares the two.
+- :func:`start_attempt`: a claim takes a pending step (``running``, one more attempt, a
+  raised fencing token, a lease).
+- :func:`make_due`: the one way a step becomes ``pending`` (a new step reached, a retry,
+  a hand-back, a redrive, a new revision), with its doorbell.
+- :func:`end_attempt`: an attempt ends (a worker's result or failure, a hand-back, a lease
+  run out, a person's decision on an approval step); it decides the step's next status,
+  makes what follows a success due, settles the task and records the events.
+- :func:`settle_task`: the task's status derived from its current steps.
+- And the statuses a person's action or a revision gives: :func:`succeed`,
+  :func:`wait_for_approval`, :func:`cancel_steps`, :func:`supersede`, and a new row's
+  (:func:`initial_status`, :func:`new_step`).
+
+Nothing else assigns a step's status (``tests/engine/test_one_state_machine.py`` reads the
+code for it). The fast path's SQL (``tasks_app.engine.sql``: the batch claim and
+``COMPLETE_SQL``) restates :func:`start_attempt` and a success's :func:`end_attempt` for
+speed, and ``tests/engine/test_parity.py`` compares the two.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from tasks_app.access import Actor
-from tasks_app.engine.transitions import settle_and_record
-from tasks_app.history.events import record_event
-from tasks_app.models import EventKind, Step, StepStatus, Task, TaskStatus
+from django.db import transaction
+from django.db.models.functions import Now
+
+from tasks_app.access import SYSTEM, Actor
+from tasks_app.db.clock import db_now, now_plus
+from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell
+from tasks_app.engine.transitions import is_approval
+from tasks_app.history import counting, derive_task_status
+from tasks_app.history.events import event_error, record_event
+from tasks_app.models import (
+    TERMINAL_TASK_STATUSES,
+    EventKind,
+    Lease,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
+from tasks_app.signals import ENDING_SIGNALS
+
+logger = logging.getLogger(__name__)
 
 # The event of a task that an attempt ended, by the status it ended in.
 ENDING_EVENTS: dict[str, str] = {
@@ -26,13 +55,99 @@ ENDING_EVENTS: dict[str, str] = {
     TaskStatus.DEAD: EventKind.DEAD_LETTERED,
 }
 
-
 # The event of a failed attempt, by the status :func:`next_status` gave its step.
 FAILED_ATTEMPT_EVENTS: dict[str, str] = {
     StepStatus.CANCELLED: EventKind.CANCELLED,
     StepStatus.PENDING: EventKind.RETRY_SCHEDULED,
     StepStatus.DEAD: EventKind.DEAD_LETTERED,
 }
+
+
+def initial_status(position: int) -> str:
+    """A new task's step: the first is due, the others wait for the one before."""
+    return StepStatus.PENDING if position == 0 else StepStatus.BLOCKED
+
+
+def new_step(**fields: Any) -> Step:
+    """A new row of a revision (unsaved), ``blocked`` until the one before it succeeds; the
+    caller makes the first one due (:func:`make_due`) or succeeded (:func:`succeed`)."""
+    return Step(status=StepStatus.BLOCKED, **fields)
+
+
+def start_attempt(task: Task, step: Step, *, lease_seconds: int) -> None:
+    """A claim takes ``step`` (locked, pending and due): ``running`` under a raised fencing
+    token, with one more attempt and a lease of ``lease_seconds`` by the database's clock;
+    the task runs. The claim's SQL (``sql.claim_sql``) is the batch twin."""
+    step.status = StepStatus.RUNNING
+    step.attempts += 1
+    step.fencing_token += 1
+    Step.objects.filter(pk=step.pk).update(
+        status=step.status,
+        attempts=step.attempts,
+        fencing_token=step.fencing_token,
+        lease_expires_at=now_plus(lease_seconds),
+        started_at=Now(),
+    )
+    if task.status != TaskStatus.RUNNING:
+        task.status = TaskStatus.RUNNING
+        task.save(update_fields=["status", "updated_at"])
+
+
+def make_due(
+    step: Step, now: datetime, *, delay: float = 0, fresh_budget: bool = False, save: bool = True
+) -> Doorbell | None:
+    """Make ``step`` pending, due ``delay`` seconds after ``now``; with ``fresh_budget`` its
+    attempts start again (a redrive). Returns its doorbell, to ring once the transaction
+    commits, or None when it is due further out than a doorbell waits (the sweeper rings
+    for it once due: ``dispatched_at`` stays empty). Saves a stored row unless the caller
+    saves it with more (``save``); a new one (a revision's) is saved by its caller."""
+    step.status = StepStatus.PENDING
+    step.available_at = now + timedelta(seconds=delay)
+    step.finished_at = None
+    if fresh_budget:
+        step.attempts = 0
+    bell = None
+    step.dispatched_at = None
+    if delay <= MAX_COUNTDOWN:
+        step.dispatched_at = step.available_at
+        bell = Doorbell(step.pk, step.queue, delay) if step.pk is not None else None
+    if step.pk is not None and save:
+        fields = ["status", "available_at", "dispatched_at", "finished_at", "attempts"]
+        step.save(update_fields=fields)
+    return bell
+
+
+def succeed(step: Step, result: Any, now: datetime) -> None:
+    """``step`` succeeded with ``result`` without a worker (a person's answer or draft)."""
+    step.status = StepStatus.SUCCEEDED
+    step.result = result
+    step.finished_at = now
+    if step.pk is not None:
+        step.save(update_fields=["status", "result", "finished_at"])
+
+
+def wait_for_approval(step: Step) -> None:
+    """An approval step the task reached waits for a person."""
+    step.status = StepStatus.WAITING_APPROVAL
+    step.save(update_fields=["status"])
+
+
+def cancel_steps(task: Task, statuses: Iterable[str], now: datetime) -> list[Step]:
+    """Cancel the task's steps in ``statuses`` (the task is locked); returns them."""
+    steps = list(task.steps.select_for_update().filter(status__in=statuses).order_by("position"))
+    for step in steps:
+        step.status = StepStatus.CANCELLED
+        step.finished_at = now
+    Step.objects.bulk_update(steps, ["status", "finished_at"])
+    return steps
+
+
+def supersede(steps: Sequence[Step], now: datetime) -> None:
+    """A new revision replaces ``steps``: they stay as history."""
+    for step in steps:
+        step.status = StepStatus.SUPERSEDED
+        step.finished_at = step.finished_at or now
+    Step.objects.bulk_update(steps, ["status", "finished_at"])
 
 
 def next_status(task: Task, step: Step, *, may_retry: bool) -> str:
@@ -46,26 +161,190 @@ def next_status(task: Task, step: Step, *, may_retry: bool) -> str:
     return StepStatus.DEAD
 
 
-def finish_attempt(
+@dataclass(frozen=True)
+class Ending:
+    """How an attempt ended, as the one ending it knows it, for :func:`end_attempt`."""
+
+    # The attempt's event; None: the failure's, by the status it leaves its step in.
+    event: str | None
+    actor: Actor
+    # The worker's lease to close with this outcome (a person's decision has none).
+    lease: str | None = None
+    token: int | None = None
+    # Decided by the caller: a success or a person's decision on an approval step.
+    status: str | None = None
+    result: Any = None
+    # A failure: tried again after this many seconds while attempts remain (None: never).
+    retry_in: float | None = None
+    # Handed back uncharged: due again after ``retry_in`` seconds (0 when None).
+    handed_back: bool = False
+    # The step's error (class, message), and whether a cancelled step records it too.
+    error: tuple[str, str] | None = None
+    error_when_cancelled: bool = True
+    reason: str = ""
+    # Who ends the task, and why, when this attempt ends it (dead or cancelled; a cancel's
+    # own reason when it differs).
+    ended_by: Actor = SYSTEM
+    ending_reason: str = ""
+    cancelled_reason: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | None, list[Doorbell]]:
+    """End the attempt ``step`` (locked, with its task) is in, as ``ending`` says.
+
+    1. Close the worker's lease, if any, with its outcome.
+    2. Decide the step's status: the caller's (a success, a decision); ``pending`` again
+       for a hand-back (its attempt uncharged) unless a cancel was requested; for a
+       failure, :func:`next_status`.
+    3. Store it with its fields: a success its result, a retry its due time
+       (:func:`make_due`), an end its finish time; the error.
+    4. A success makes the next step due, or reaches an approval step (returned, for the
+       caller to open once the events are written); a rejection cancels the rest.
+    5. Settle the task, record the attempt's event and, when the attempt ended the task,
+       the task's own (``cancelled``, ``dead_lettered``).
+
+    Returns the task's status, the approval step reached, and the doorbells to ring.
+    """
+    now = db_now()
+    bells: list[Doorbell] = []
+    if ending.lease is not None and ending.token is not None:
+        close_lease(step, ending.token, ending.lease)
+        step.lease_expires_at = None
+    if ending.status is not None:
+        status = ending.status
+    elif ending.handed_back:
+        step.attempts = max(step.attempts - 1, 0)
+        cancelled = task.cancel_requested_at is not None
+        status = StepStatus.CANCELLED if cancelled else StepStatus.PENDING
+    else:
+        status = next_status(task, step, may_retry=ending.retry_in is not None)
+    if ending.error is not None and (status != StepStatus.CANCELLED or ending.error_when_cancelled):
+        step.error_class, step.last_error = ending.error[0][:200], ending.error[1][:10_000]
+    if status == StepStatus.PENDING:
+        bell = make_due(step, now, delay=ending.retry_in or 0, save=False)
+        bells += [bell] if bell is not None else []
+    else:
+        step.status = status
+        step.finished_at = now
+        if status == StepStatus.SUCCEEDED:
+            step.result = ending.result
+    step.save()
+    also: list[Step] = []
+    reached = None
+    if status == StepStatus.SUCCEEDED:
+        if ending.lease is not None and step.started_at is not None:
+            seconds = (now - step.started_at).total_seconds()
+            counting.add(counting.step_seconds([seconds], task.workflow))
+        if task.cancel_requested_at is None:
+            also, reached = after_success(task, step, now)
+            bells += [Doorbell(s.pk, s.queue) for s in also]
+    elif status == StepStatus.CANCELLED and ending.status is not None:
+        also = cancel_steps(task, (StepStatus.BLOCKED, StepStatus.PENDING), now)
+    if ending.event is None:
+        # A failure: its event says what became of the step; a reason only when it died.
+        kind = FAILED_ATTEMPT_EVENTS[status]
+        why = ending.reason
+        if status == StepStatus.DEAD and ending.retry_in is not None:
+            why = "max_attempts"
+        event_reason, ending_reason = (why if kind == EventKind.DEAD_LETTERED else ""), why
+    else:
+        kind, event_reason, ending_reason = ending.event, ending.reason, ending.ending_reason
+    data = dict(ending.data)
+    if ending.token is not None:
+        data["token"] = ending.token
+    if ending.event is None:
+        data.update(error_class=step.error_class, error=event_error(step.last_error))
+        data["retry_in"] = ending.retry_in if kind == EventKind.RETRY_SCHEDULED else None
+    if ending.handed_back or ending.event == EventKind.LEASE_EXPIRED:
+        data["step_status"] = str(status)
+    task_status = settle_and_record(
+        kind,
+        task,
+        now=now,
+        step_id=step.pk,
+        actor=ending.actor,
+        reason=event_reason,
+        steps=[step, *also],
+        **data,
+    )
+    if task_status == TaskStatus.CANCELLED and ending.cancelled_reason is not None:
+        ending_reason = ending.cancelled_reason
+    record_ending(
+        task, task_status, after=kind, step=step, actor=ending.ended_by, reason=ending_reason
+    )
+    return task_status, reached, bells
+
+
+def after_success(task: Task, after: Step, now: datetime) -> tuple[list[Step], Step | None]:
+    """Once ``after`` succeeded: the next step made due, or the approval step reached.
+
+    The next step is the task's current row at the next position (the steps of a revision
+    are contiguous; the batch completion's SQL picks it the same way), if it waits for
+    this one (``blocked``). An approval step is not made due (no worker runs it): it is
+    returned as the step to open once the caller's event is written.
+    """
+    following = (
+        Step.objects.filter(task=task, position=after.position + 1)
+        .current()
+        .filter(status=StepStatus.BLOCKED)
+        .first()
+    )
+    if following is None:
+        return [], None
+    if is_approval(task, following.position):
+        return [], following
+    make_due(following, now)
+    return [following], None
+
+
+def close_lease(step: Step, token: int, outcome: str) -> None:
+    """Close the lease of ``token`` with its ``outcome``: how the attempt ended."""
+    Lease.objects.filter(step=step, token=token, released_at=None).update(
+        released_at=Now(), outcome=outcome
+    )
+
+
+def settle_task(task: Task, *, now: datetime | None = None) -> str:
+    """Store the task status derived from its current (non-superseded) steps, finished at
+    ``now`` (the database's clock) when it ends."""
+    current = Step.objects.filter(task=task).current().values_list("status", flat=True)
+    status = derive_task_status(current, cancel_requested=task.cancel_requested_at is not None)
+    ended = status in TERMINAL_TASK_STATUSES | {TaskStatus.DEAD}
+    if status != task.status or (not ended and task.finished_at is not None):
+        if status != task.status:
+            announce_on_commit([(task.pk, status)])
+        task.status = status
+        task.finished_at = (now or db_now()) if ended else None
+        task.save(update_fields=["status", "finished_at", "updated_at"])
+    return status
+
+
+def settle_and_record(
+    kind: str,
     task: Task,
-    step: Step,
-    event: str,
     *,
-    actor: Actor,
+    now: datetime | None = None,
+    step_id: int | None = None,
+    actor: Actor = None,
     reason: str = "",
-    also: Iterable[Step] = (),
-    ended_by: Actor,
-    ending_reason: str,
+    steps: Iterable[Step] = (),
     **data: Any,
 ) -> str:
-    """Once the caller saved ``step``'s new status (and ``also``, the steps it made due):
-    settle the task, record the attempt's ``event`` (with ``actor``, ``reason`` and
-    ``data``), then the task's ending event if the attempt ended it (with ``ended_by`` and
-    ``ending_reason``). Returns the task's status."""
-    status = settle_and_record(
-        event, task, step_id=step.pk, actor=actor, reason=reason, steps=[step, *also], **data
+    """Settle the task's status from its steps, then record the transition's event with
+    the status it reached (``task_status``); returns that status."""
+    status = settle_task(task, now=now)
+    record_event(
+        kind,
+        task_id=task.pk,
+        step_id=step_id,
+        actor=actor,
+        reason=reason,
+        steps=steps,
+        task=task,
+        task_status=status,
+        **data,
     )
-    record_ending(task, status, after=event, step=step, actor=ended_by, reason=ending_reason)
     return status
 
 
@@ -89,3 +368,33 @@ def record_ending(
         task=task,
         task_status=status,
     )
+
+
+def announce_on_commit(
+    changes: Iterable[tuple[int, str]], *, rows: Mapping[int, Task] | None = None
+) -> None:
+    """Send the ending signal of each ``(task id, new status)`` once the transaction
+    commits (``tasks_app.signals``). Callers pass only statuses that just changed, and the
+    tasks as they leave them in ``rows`` when they have them (the rest are read then)."""
+    outcomes = [(pk, status) for pk, status in changes if status in ENDING_SIGNALS]
+    # The hot path pays nothing when nobody listens.
+    if outcomes and any(ENDING_SIGNALS[status].has_listeners(Task) for _, status in outcomes):
+        transaction.on_commit(lambda: _announce(outcomes, rows or {}), robust=True)
+
+
+def _announce(outcomes: list[tuple[int, str]], rows: Mapping[int, Task]) -> None:
+    missing = [pk for pk, _ in outcomes if pk not in rows]
+    tasks = {**rows, **(Task.objects.in_bulk(missing) if missing else {})}
+    for pk, status in outcomes:
+        task = tasks.get(pk)
+        if task is None:
+            continue
+        for receiver, answer in ENDING_SIGNALS[status].send_robust(sender=Task, task=task):
+            if isinstance(answer, Exception):
+                logger.error(
+                    "receiver %r of the %s signal failed for task #%s",
+                    receiver,
+                    status,
+                    pk,
+                    exc_info=answer,
+                )

@@ -18,8 +18,8 @@ from tasks_app.db.clock import db_now
 from tasks_app.db.lock_conflicts import is_lock_conflict, lock_wait
 from tasks_app.engine import presence
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.states import finish_attempt, next_status
-from tasks_app.engine.transitions import paused_filter, release_lease, try_lock_task
+from tasks_app.engine.states import Ending, end_attempt
+from tasks_app.engine.transitions import paused_filter, try_lock_task
 from tasks_app.exceptions import LEASE_EXPIRED, UNDECODABLE_PAYLOAD
 from tasks_app.models import EventKind, Lease, Step, StepStatus
 from tasks_app.models.json_columns import first_undecodable
@@ -138,35 +138,26 @@ def _reap(step_id: int, task_id: int, token: int) -> int:
                 f"change request of step {step.pk}": step.change_request,
             }
         )
-        release_lease(step, token, Lease.Outcome.EXPIRED)
-        step.lease_expires_at = None
-        now = db_now()
-        step.status = outcome = next_status(task, step, may_retry=unreadable is None)
-        if step.status == StepStatus.PENDING:
-            step.available_at = step.dispatched_at = now
-        else:
-            step.finished_at = now
         expired = f"lease of token {token} expired on attempt {step.attempts}"
-        if outcome == StepStatus.DEAD and unreadable is not None:
-            step.error_class, step.last_error = UNDECODABLE_PAYLOAD, f"{unreadable}; {expired}"
-        elif outcome != StepStatus.CANCELLED:
-            step.error_class, step.last_error = LEASE_EXPIRED, expired
-        step.save()
-        ending = LEASE_EXPIRED if unreadable is None else UNDECODABLE_PAYLOAD
-        finish_attempt(
+        cause = LEASE_EXPIRED if unreadable is None else UNDECODABLE_PAYLOAD
+        _, _, bells = end_attempt(
             task,
             step,
-            EventKind.LEASE_EXPIRED,
-            actor=SWEEPER,
-            ended_by=SWEEPER,
-            ending_reason=ending
-            if step.status == StepStatus.DEAD
-            else "cancel requested while the step ran; its lease expired",
-            token=token,
-            outcome=str(outcome),
+            Ending(
+                EventKind.LEASE_EXPIRED,
+                actor=SWEEPER,
+                lease=Lease.Outcome.EXPIRED,
+                token=token,
+                # An unreadable step is not tried again: no attempt could read it.
+                retry_in=0 if unreadable is None else None,
+                error=(cause, expired if unreadable is None else f"{unreadable}; {expired}"),
+                error_when_cancelled=False,
+                ended_by=SWEEPER,
+                ending_reason=cause,
+                cancelled_reason="cancel requested while the step ran; its lease expired",
+            ),
         )
-        if step.status == StepStatus.PENDING:
-            ring_on_commit([Doorbell(step.pk, step.queue)])
+        ring_on_commit(bells)
         return 1
 
 

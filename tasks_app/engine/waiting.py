@@ -10,17 +10,21 @@ from typing import Any
 
 from django.db import transaction
 
-from tasks_app.access import SYSTEM, Actor, actor_fields
+from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.states import finish_attempt
-from tasks_app.engine.transitions import (
+from tasks_app.engine.states import (
+    Ending,
     after_success,
-    cancel_steps,
-    current_steps,
+    end_attempt,
+    make_due,
+    new_step,
     settle_and_record,
-    step_context,
+    succeed,
+    supersede,
+    wait_for_approval,
 )
+from tasks_app.engine.transitions import current_steps, step_context
 from tasks_app.engine.workflows import AwaitDecision, registry
 from tasks_app.exceptions import InvalidTransition, error_class, error_text
 from tasks_app.history.events import event_error
@@ -50,27 +54,25 @@ def open_approval_step(task: Task, step: Step, *, actor: Actor, reason: str = ""
         with transaction.atomic():
             wait = spec.handler(ctx) if spec is not None else None
             if isinstance(wait, AwaitDecision):
-                step.status = StepStatus.WAITING_APPROVAL
-                step.save(update_fields=["status"])
+                wait_for_approval(step)
                 data = wait.open_request(task, step)
     except Exception as exc:
         logger.exception("approval step %s of task %s could not open", step.pk, task.pk)
         failure = (error_class(exc), error_text(exc))
     if data is None:
-        step.status = StepStatus.DEAD
-        step.error_class, step.last_error = failure
-        step.finished_at = db_now()
-        step.save(update_fields=["status", "error_class", "last_error", "finished_at"])
-        finish_attempt(
+        end_attempt(
             task,
             step,
-            EventKind.DEAD_LETTERED,
-            actor=actor,
-            reason="permanent_error",
-            ended_by=actor,
-            ending_reason="permanent_error",
-            error_class=step.error_class,
-            error=event_error(step.last_error),
+            Ending(
+                EventKind.DEAD_LETTERED,
+                actor=actor,
+                status=StepStatus.DEAD,
+                error=failure,
+                reason="permanent_error",
+                ended_by=actor,
+                ending_reason="permanent_error",
+                data={"error_class": failure[0], "error": event_error(failure[1])},
+            ),
         )
         return
     settle_and_record(
@@ -114,42 +116,25 @@ def close_approval_step(
     by it also gets its ``dead_lettered`` or ``cancelled`` event (actor ``system``).
     """
     step = waiting_step(task, step_id)
-    now = db_now()
-    changed = [step]
-    bells: list[Doorbell] = []
-    step.finished_at = now
-    reached = None
-    if step_status == StepStatus.SUCCEEDED:
-        step.status = StepStatus.SUCCEEDED
-        step.result = result
-        step.save(update_fields=["status", "result", "finished_at"])
-        due, reached = after_success(task, step, now)
-        changed += due
-        bells = [Doorbell(s.pk, s.queue) for s in due]
-    elif step_status == StepStatus.CANCELLED:
-        step.status = StepStatus.CANCELLED
-        step.save(update_fields=["status", "finished_at"])
-        changed += cancel_steps(task, (StepStatus.BLOCKED, StepStatus.PENDING), now)
-    elif step_status == StepStatus.DEAD:
-        step.status = StepStatus.DEAD
-        step.error_class = event_kind
-        step.last_error = error
-        step.save(update_fields=["status", "finished_at", "error_class", "last_error"])
-    else:
+    if step_status not in (StepStatus.SUCCEEDED, StepStatus.CANCELLED, StepStatus.DEAD):
         raise ValueError(f"close_approval_step: unknown step_status {step_status!r}")
+    who, _ = actor_fields(actor)
     # A task that ends here ends with its status event too, as every other path does, so
     # timelines and dead-letter and cancel counts read one kind of event for each.
-    who, _ = actor_fields(actor)
-    status = finish_attempt(
+    status, reached, bells = end_attempt(
         task,
         step,
-        event_kind,
-        actor=actor,
-        reason=reason,
-        also=changed[1:],
-        ended_by=SYSTEM,
-        ending_reason=event_kind if step_status == StepStatus.DEAD else f"{event_kind} by {who}",
-        **data,
+        Ending(
+            event_kind,
+            actor=actor,
+            status=step_status,
+            result=result,
+            error=(event_kind, error) if step_status == StepStatus.DEAD else None,
+            reason=reason,
+            ending_reason=event_kind,
+            cancelled_reason=f"{event_kind} by {who}",
+            data=data,
+        ),
     )
     if reached is not None:
         open_approval_step(task, reached, actor=actor)
@@ -178,8 +163,7 @@ def revise(
     approval = waiting_step(task, step_id)
     replaced, fresh, revision, now = _next_revision(task, approval, back_to)
     first = fresh[0]
-    first.status = StepStatus.PENDING
-    first.available_at = first.dispatched_at = now
+    make_due(first, now)
     first.change_request = {**change_request, "revision": revision}
     Step.objects.bulk_create(fresh)
     settle_and_record(
@@ -218,9 +202,7 @@ def replace_draft(
     approval = waiting_step(task, step_id)
     replaced, fresh, revision, now = _next_revision(task, approval, draft_from)
     first = fresh[0]
-    first.status = StepStatus.SUCCEEDED
-    first.result = draft
-    first.finished_at = now
+    succeed(first, draft, now)
     Step.objects.bulk_create(fresh)
     due, reached = after_success(task, first, now)
     settle_and_record(
@@ -258,17 +240,13 @@ def _next_revision(
     replaced = [current[p] for p in range(start, approval.position + 1)]
     revision = max(task.steps.values_list("revision", flat=True)) + 1
     now = db_now()
-    for old in replaced:
-        old.status = StepStatus.SUPERSEDED
-        old.finished_at = old.finished_at or now
-    Step.objects.bulk_update(replaced, ["status", "finished_at"])
+    supersede(replaced, now)
     fresh = [
-        Step(
+        new_step(
             task=task,
             position=old.position,
             revision=revision,
             kind=old.kind,
-            status=StepStatus.BLOCKED,
             queue=task.queue,
             priority=task.priority,
             max_attempts=old.max_attempts,

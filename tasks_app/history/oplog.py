@@ -63,6 +63,7 @@ FAILURES = frozenset(
 # What an event's data may add to its line: scalars, by name.
 FROM_DATA = (
     "outcome",
+    "step_status",
     "operation",
     "current_token",
     "current_status",

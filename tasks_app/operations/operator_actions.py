@@ -17,13 +17,14 @@ from tasks_app import validation
 from tasks_app.access import Actor, actor_fields, check_permission
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.transitions import (
+from tasks_app.engine.states import (
     after_success,
     cancel_steps,
-    is_approval,
-    lock_task,
+    make_due,
     settle_and_record,
+    succeed,
 )
+from tasks_app.engine.transitions import is_approval, lock_task
 from tasks_app.engine.waiting import open_approval_step
 from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import InvalidInput, InvalidTransition
@@ -36,11 +37,7 @@ from tasks_app.signals import steps_cancelled
 
 def _run_again(step: Step, now: datetime) -> None:
     """A dead step becomes due now with a fresh attempt budget; its token keeps rising."""
-    step.status = StepStatus.PENDING
-    step.attempts = 0
-    step.available_at = step.dispatched_at = now
-    step.finished_at = None
-    step.save(update_fields=["status", "attempts", "available_at", "dispatched_at", "finished_at"])
+    make_due(step, now, fresh_budget=True)
 
 
 def _ring_or_open(task: Task, steps: Sequence[Step], *, actor: Actor) -> None:
@@ -141,10 +138,7 @@ def resolve(
                 result={"resolved_by": name, "note": reason},
                 finished_at=now,
             )
-            step.status = StepStatus.SUCCEEDED
-            step.result = {"resolved": "done", "by": name, "note": reason}
-            step.finished_at = now
-            step.save(update_fields=["status", "result", "finished_at"])
+            succeed(step, {"resolved": "done", "by": name, "note": reason}, now)
             due, reached = after_success(locked, step, now)
             changed += due
         else:

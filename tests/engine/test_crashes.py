@@ -70,7 +70,7 @@ def test_a_released_claim_is_due_again_without_charging_its_attempt(
     [event] = events(task, EventKind.CLAIM_RELEASED)
     assert (event.actor, event.reason, event.step_id) == (ACTOR, "worker_lost", step.pk)
     assert event.data["token"] == 1
-    assert event.data["outcome"] == "pending"
+    assert event.data["step_status"] == "pending"
     assert event.data["ran"] is False
     assert event.data["task_status"] == TaskStatus.PENDING
     assert event.data["steps"] == {str(step.pk): [StepStatus.PENDING, 0, 1]}
@@ -186,7 +186,7 @@ def test_a_release_after_a_cancel_was_requested_cancels_the_step() -> None:
         "claim_released",
         "cancelled",
     ]
-    assert events(task, EventKind.CLAIM_RELEASED)[0].data["outcome"] == "cancelled"
+    assert events(task, EventKind.CLAIM_RELEASED)[0].data["step_status"] == "cancelled"
     assert_checker_clean()
 
 

@@ -190,7 +190,7 @@ def test_a_step_whose_worker_process_dies_is_reaped_and_run_again(worker: Worker
     assert (step.status, step.attempts, step.fencing_token) == ("succeeded", 2, 2)
     assert event_kinds(task) == ["enqueued", "claimed", "lease_expired", "claimed", "succeeded"]
     expired = Event.objects.for_task(task.pk).get(kind="lease_expired")
-    assert (expired.actor, expired.data["outcome"]) == ("system:sweeper", "pending")
+    assert (expired.actor, expired.data["step_status"]) == ("system:sweeper", "pending")
     assert leases(step) == [(1, "expired"), (2, "succeeded")]
     second = step.leases.get(token=2)
     assert second.worker_id != first.worker_id

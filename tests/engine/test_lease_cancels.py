@@ -99,7 +99,7 @@ def test_a_lease_that_expires_after_cancel_cancels_the_step() -> None:
     task.refresh_from_db()
     assert task.status == TaskStatus.CANCELLED
     assert task.finished_at is not None
-    assert events(task, EventKind.LEASE_EXPIRED)[0].data["outcome"] == "cancelled"
+    assert events(task, EventKind.LEASE_EXPIRED)[0].data["step_status"] == "cancelled"
     assert event_kinds(task) == [
         "enqueued",
         "claimed",

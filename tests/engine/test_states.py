@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from tasks_app.engine.states import finish_attempt, next_status
+from tasks_app.engine.states import Ending, end_attempt, next_status
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.conftest import event_kinds, only_step
 from tests.factories import noop
@@ -46,13 +46,12 @@ def test_the_task_s_ending_event_follows_the_attempt_s_own_once(
 ) -> None:
     task = noop()
     step = only_step(task)
-    step.status = step_status
-    step.save()
     before = Event.objects.count()
 
-    status = finish_attempt(
-        task, step, event, actor="worker:w1", ended_by="system:sweeper", ending_reason="why"
+    how = Ending(
+        event, actor="worker:w1", status=step_status, ended_by="system:sweeper", ending_reason="why"
     )
+    status, _, _ = end_attempt(task, step, how)
 
     assert event_kinds(task)[-len(kinds) :] == kinds
     assert Event.objects.count() - before == len(kinds)

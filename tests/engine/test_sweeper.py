@@ -40,7 +40,7 @@ def test_an_expired_lease_is_reaped_and_the_step_can_be_claimed_again() -> None:
     assert lease.released_at is not None
     expired = events(task, EventKind.LEASE_EXPIRED)[0]
     assert expired.actor == services.SWEEPER
-    assert (expired.data["token"], expired.data["outcome"]) == (1, "pending")
+    assert (expired.data["token"], expired.data["step_status"]) == (1, "pending")
     assert services.reap_expired_leases() == 0
 
     second = claim(step, worker_id="w2")
@@ -70,7 +70,7 @@ def test_an_expired_lease_on_the_last_attempt_dead_letters_the_step() -> None:
     task.refresh_from_db()
     assert task.status == TaskStatus.DEAD
     assert task.finished_at is not None
-    assert events(task, EventKind.LEASE_EXPIRED)[-1].data["outcome"] == "dead"
+    assert events(task, EventKind.LEASE_EXPIRED)[-1].data["step_status"] == "dead"
     dead = events(task, EventKind.DEAD_LETTERED)
     assert [(e.reason, e.actor) for e in dead] == [("lease_expired", services.SWEEPER)]
     assert services.claim_step(step.pk, worker_id=WORKER) is None

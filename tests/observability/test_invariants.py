@@ -427,7 +427,7 @@ def test_it_finds_a_claim_that_does_not_raise_the_token(db: None) -> None:
     task = succeeded()
     step = only_step(task)
     again = event(task, EventKind.CLAIMED, step, token=1, attempt=2)
-    event(task, EventKind.LEASE_EXPIRED, step, token=1, outcome="pending")
+    event(task, EventKind.LEASE_EXPIRED, step, token=1, step_status="pending")
 
     assert findings() == [
         f"fencing: task {task.pk}: claim of token 1 on step {step.pk} (event {again} "

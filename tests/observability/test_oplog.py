@@ -191,7 +191,7 @@ def expected(tasks: dict[str, Task]) -> list[tuple[str, dict[str, Any]]]:
             {
                 **ids("expired", 1, "system:sweeper"),
                 "attempts": 1,
-                "outcome": "pending",
+                "step_status": "pending",
                 "error_class": "lease_expired",
             },
         ),
