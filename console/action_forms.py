@@ -19,6 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from tasks_app import validation
+from tasks_app.models import TaskStatus
 from tasks_app.operations.task_actions import ACTIONS, ActionSpec, Param
 
 # What the delay field suggests (the browser's list; any other delay may be typed).
@@ -152,9 +153,10 @@ class PageForm:
 
     @property
     def keep_typing(self) -> bool:
-        # Cancel is offered while a task is at work, when its page refreshes every few
-        # seconds: a reason being typed is kept across the refreshes, which go on.
-        return any(spec.tone == "danger" for spec in self.specs)
+        # An action offered while a task is at work (cancel), when its page refreshes every
+        # few seconds: a reason being typed is kept across the refreshes, which go on. (A
+        # dead task's page skips a refresh while a field holds typed text, console.js.)
+        return any(TaskStatus.RUNNING in spec.targets for spec in self.specs)
 
     def form_class(self) -> type[forms.Form]:
         fields = {p.name: param_field(p, keep_typing=self.keep_typing) for p in self.params}

@@ -24,6 +24,14 @@ def duration(value: timedelta | None) -> str:
 
 
 @register.filter
+def seconds_duration(value: Any) -> str:
+    """A number of seconds as a duration (``delay_seconds`` of 900 as ``15 min``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "—"
+    return presenters.short_duration(timedelta(seconds=value))
+
+
+@register.filter
 def percent(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 

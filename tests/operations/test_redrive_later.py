@@ -16,7 +16,9 @@ from approvals.models import ApprovalRequest
 from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
+from tasks_app.history import TaskState, fold
 from tasks_app.models import Event, EventKind, StepStatus, TaskStatus
+from tasks_app.observability import invariants
 from tasks_app.operations import listings, selectors
 from tasks_app.operations.task_actions import Action
 from tests.approval_support import advance, article, pending_request
@@ -56,6 +58,9 @@ def test_it_is_audited_with_who_why_and_the_delay(db: None, oncall: User) -> Non
 
     event = Event.objects.for_task(task.pk).last()
     assert event is not None and event.kind == EventKind.REDRIVEN
+    # The history still folds to the stored state, and the invariants hold.
+    assert fold(task) == TaskState.from_db(task)
+    assert invariants.check(since=None).findings == []
     assert (event.actor, event.actor_user_id, event.reason) == (
         oncall.username,
         oncall.pk,
