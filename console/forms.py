@@ -1,9 +1,11 @@
-"""The console's forms: filters read from the query string, and the fields of each action.
+"""The console's forms: filters read from the query string, the bulk form, the reason
+of a queue switch and the editors' forms (the task page's action forms are made from the
+table of operator actions, ``console.action_forms``).
 
 Filters turn into the selectors' filter objects; a bad value is a form error naming the
 field. Action forms parse; the rules (a reason is required, a payload follows the input
-rules, the bulk limit) live in the services, whose :class:`InvalidInput` the views show on
-the field it names (a bulk form's limit also defaults to the service's).
+rules, a delay's range, the bulk limit) live in the services, whose :class:`InvalidInput`
+the views show on the field it names (a bulk form's limit also defaults to the service's).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from tasks_app.operations import listings, selectors
 from tasks_app.operations.task_actions import Action
 from tests.approval_support import advance, article, pending_request
 from tests.conftest import BrokerView, backdate, only_step
+from tests.console_support import body, confirm_bulk, login, plan_of, post_bulk
 from tests.factories import dead_task, enqueued, noop, unknown_outcome
 from tests.operator_support import snapshot
 
@@ -215,3 +216,26 @@ def test_the_commands_take_the_delay(db: None) -> None:
     with pytest.raises(CommandError, match="delay: is required"):
         call_command("task_action", "redrive_later", str(third.pk), reason="x")
     assert only_step(third).status == StepStatus.DEAD
+
+
+def test_the_bulk_form_refuses_a_bad_delay_and_a_plan_whose_delay_changed(
+    db: None, oncall: User
+) -> None:
+    task = dead_task()
+    before = snapshot(task)
+    client = login(oncall)
+
+    refused = post_bulk(client, action=LATER, delay="0")
+    assert refused.status_code == 400
+    assert "delay: more than 0 and at most 7 days" in body(refused)
+    preview = post_bulk(client, action=LATER, delay="15m")
+    assert preview.status_code == 200
+    changed = post_bulk(client, action=LATER, delay="1h", confirm="1", plan=plan_of(preview))
+    assert changed.status_code == 409
+    assert "the delay changed since the preview" in body(changed)
+    assert snapshot(task) == before
+
+    applied = confirm_bulk(client, action=LATER, delay="15m")
+    assert applied.status_code == 200
+    event = Event.objects.for_task(task.pk).get(kind=EventKind.REDRIVEN)
+    assert (event.actor, event.data["delay_seconds"]) == (oncall.username, 900)
