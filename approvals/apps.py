@@ -1,4 +1,5 @@
-"""The approvals app: plugs its sweep jobs and metrics into the core when Django starts."""
+"""The approvals app: plugs its sweep jobs, metrics and demo scenario into the core when
+Django starts."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # The approvals app builds on the core and plugs into it (sweep jobs, metrics); the
-        # core's modules never import it (only the demo's seed command does, when installed).
-        from approvals import deadlines, metrics, notices, services, workflows  # noqa: F401  (the workflows register on import)
+        # core's modules never import it (the demo's seed command asks for its scenario by name).
+        from approvals import deadlines, demo, metrics, notices, services, workflows  # noqa: F401  (the workflows register on import)
         from tasks_app import services as core
+        from tasks_app.demo import seeding
         from tasks_app.observability import metrics as core_metrics
 
         core.register_sweep_job("expired_approvals", deadlines.expire_due)
@@ -21,3 +23,4 @@ class ApprovalsConfig(AppConfig):
         core.register_sweep_job("approval_reminders", deadlines.remind_due)
         core.register_sweep_job("approval_digests", deadlines.digest_due)
         core_metrics.register_part("approvals", metrics.approval_metrics)
+        seeding.register_scenario(seeding.REVISED_ARTICLE, demo.revise_article)

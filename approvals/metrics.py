@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 
 # Seconds from request to decision: a minute up to two days (the longest shipped expiry).
 DECISION_BUCKETS = (60, 300, 900, 3600, 14400, 43200, 86400, 172800)

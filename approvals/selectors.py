@@ -14,7 +14,7 @@ from approvals.people import same_person
 from approvals.services import decide_refusal, waiting_on_others
 from approvals.steps import handler_of
 from tasks_app.models import Step
-from tasks_app.operations.redaction import redact
+from tasks_app.redaction import redact
 from tasks_app.services import Actor, actor_fields
 
 

@@ -99,7 +99,7 @@ def jtext(value: Any) -> str:
 # The step keeps the last claim's traceback; each failure event its own (the last 2,000
 # characters).
 ERROR_FIELD = copy_text(TRACEBACK.replace("{token}", "3"))
-# The cause a dead step of that traceback stores (tasks_app.engine.fingerprints: the numbers are
+# The cause a dead step of that traceback stores (tasks_app.models.fingerprints: the numbers are
 # masked, so every dead step here has this one); tests/project/test_bench_console_data.py checks it.
 CAUSE = "6d7e53647bc0eaee"
 ERROR_JSON = {token: jtext(TRACEBACK.replace("{token}", str(token))[-2000:]) for token in (1, 2, 3)}
@@ -162,7 +162,7 @@ def _frac(task_id: int, salt: int) -> float:
     return (((task_id * 2654435761) ^ (salt * 40503)) & 0xFFFF) / 65536
 
 
-# The step run-time histogram's bounds (tasks_app.observability.counting.STEP_SECONDS_BUCKETS),
+# The step run-time histogram's bounds (tasks_app.history.counting.STEP_SECONDS_BUCKETS),
 # their counter labels, and how long the samples are kept
 # (tasks_app.observability.workflow_samples).
 RUN_BOUNDS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)

@@ -73,11 +73,11 @@ _heartbeat: Any = None
 @worker_ready.connect
 def _report_presence(sender: Any, **kwargs: Any) -> None:
     """A worker node reports itself now and every TASKS_HEARTBEAT_SECONDS after, from a
-    thread of its main process (tasks_app.observability.presence)."""
+    thread of its main process (tasks_app.engine.presence)."""
     global _heartbeat
     from django.conf import settings
 
-    from tasks_app.observability import presence
+    from tasks_app.engine import presence
 
     consumer = sender
     node = presence.describe_consumer(consumer)
@@ -101,7 +101,7 @@ def _heartbeat_leaving(**kwargs: Any) -> None:
 def _report_shutdown(sender: Any, **kwargs: Any) -> None:
     from django.db import DatabaseError
 
-    from tasks_app.observability import presence
+    from tasks_app.engine import presence
 
     if _heartbeat is None:
         return
@@ -114,21 +114,21 @@ def _report_shutdown(sender: Any, **kwargs: Any) -> None:
 @worker_init.connect
 def _refuse_a_taken_name(sender: Any, **kwargs: Any) -> None:
     """A node whose name another live node reports under does not start: one heartbeat row
-    would stand for both, and a dead one would look live (tasks_app.observability.presence)."""
+    would stand for both, and a dead one would look live (tasks_app.engine.presence)."""
     import logging
     import os
     import socket
 
     from django.db import DatabaseError
 
-    from tasks_app.observability import presence
+    from tasks_app.engine import presence
 
     try:
         taken = presence.name_taken(sender.hostname, socket.gethostname(), os.getpid())
     except DatabaseError:
         return  # without the database the name cannot be checked: the node starts
     if taken is not None:
-        logging.getLogger("tasks_app.observability.presence").critical("not starting: %s", taken)
+        logging.getLogger("tasks_app.engine.presence").critical("not starting: %s", taken)
         raise SystemExit(2)
 
 

@@ -19,7 +19,7 @@ from config.settings_django import PRODUCTION, VAR_DIR
 
 # Secrets never leave in clear (the console, the admin, the audit CSV, the log): the value of a key
 # whose name contains one of these, compared case-insensitively with "-", "_" and spaces ignored, at
-# any depth, and in free text after "key=" or "key:" (tasks_app.operations.redaction).
+# any depth, and in free text after "key=" or "key:" (tasks_app.redaction).
 REDACT_KEY_PATTERNS = env_list(
     "REDACT_KEY_PATTERNS",
     [
@@ -120,9 +120,9 @@ AXES_COOLOFF_TIME = timedelta(seconds=env_int("CONSOLE_LOGIN_WINDOW_SECONDS", 90
 # said it would; a successful login clears that pair's count.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_RESET_ON_SUCCESS = True
-# The address is the client's as console/addresses.py decides it: X-Forwarded-For only
-# from TRUSTED_PROXY_NETWORKS.
-AXES_CLIENT_IP_CALLABLE = "console.addresses.client_address"
+# The address is the client's as tasks_app/addresses.py decides it:
+# X-Forwarded-For only from TRUSTED_PROXY_NETWORKS.
+AXES_CLIENT_IP_CALLABLE = "tasks_app.addresses.client_address"
 # The refused login page itself (its form says why), with axes' status (429).
 AXES_LOCKOUT_CALLABLE = "console.logins.lockout_response"
 AXES_HTTP_RESPONSE_CODE = 429

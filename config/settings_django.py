@@ -61,7 +61,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # X-Forwarded-Proto believed only from TRUSTED_PROXY_NETWORKS, before anything asks
     # whether a request came over TLS.
-    "console.addresses.ForwardedProtoMiddleware",
+    "tasks_app.addresses.ForwardedProtoMiddleware",
     # /healthz and /readyz, before the host check and the HTTPS redirect.
     "tasks_app.observability.probes.ProbeMiddleware",
     # Every statement of a request under the web's short deadline (TASKS_WEB_STATEMENT_TIMEOUT_MS).
@@ -275,7 +275,7 @@ SECURE_CSP = {
 # messages.
 TASKS_LOG_MESSAGES = env_bool("TASKS_LOG_MESSAGES")
 # Every line readable (`text`) or one JSON object per line (`json`), for all loggers; the
-# task system's operational lines (tasks_app.observability.oplog) carry their fields either way.
+# task system's operational lines (tasks_app.history.oplog) carry their fields either way.
 TASKS_LOG_FORMATS = ("text", "json")
 TASKS_LOG_FORMAT = env_str("TASKS_LOG_FORMAT", "text").lower()
 if TASKS_LOG_FORMAT not in TASKS_LOG_FORMATS:
@@ -336,8 +336,8 @@ LOGGING = {
 if PRODUCTION:
     # A request came over TLS when the proxy that ended it says so; the header is read only
     # from the proxies named in DJANGO_TRUSTED_PROXIES and dropped from anyone else
-    # (console.addresses.ForwardedProtoMiddleware), so a client that reaches a web process
-    # directly cannot claim HTTPS. gunicorn believes no forwarded header itself (the
+    # (tasks_app.addresses.ForwardedProtoMiddleware), so a client that reaches a
+    # web process directly cannot claim HTTPS. gunicorn believes no forwarded header itself (the
     # Procfile's --forwarded-allow-ips '').
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", default=True)
@@ -350,7 +350,8 @@ if PRODUCTION:
 
 # Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (comma-separated
 # networks; none by default, so a client's address is always the connecting one and no
-# request is taken for HTTPS on a header's word: console/addresses.py). Behind a proxy,
+# request is taken for HTTPS on a header's word: tasks_app/addresses.py).
+# Behind a proxy,
 # name its addresses; unset, every client has the proxy's address, and production
 # redirects every request the proxy forwards to HTTPS again.
 TRUSTED_PROXY_NETWORKS = env_networks("DJANGO_TRUSTED_PROXIES", [])

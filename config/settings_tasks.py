@@ -57,7 +57,7 @@ TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
 # and dead-lettered as incompatible_version once it has waited TASKS_VERSION_WAIT_SECONDS.
 TASKS_VERSION_WAIT_SECONDS = env_int("TASKS_VERSION_WAIT_SECONDS", 3600, minimum=0)
 TASKS_VERSION_RETRY_SECONDS = env_int("TASKS_VERSION_RETRY_SECONDS", 30)
-# Each worker node reports itself this often (tasks_app.observability.presence); one not seen for
+# Each worker node reports itself this often (tasks_app.engine.presence); one not seen for
 # TASKS_WORKER_SILENT_SECONDS (two reports missed, by default) is shown as silent.
 TASKS_HEARTBEAT_SECONDS = env_int("TASKS_HEARTBEAT_SECONDS", 10)
 TASKS_WORKER_SILENT_SECONDS = env_int("TASKS_WORKER_SILENT_SECONDS", 2 * TASKS_HEARTBEAT_SECONDS)
@@ -143,7 +143,7 @@ RETENTION_BATCH = env_int("RETENTION_BATCH", 500)
 # /metrics answers a request bearing this token ("Authorization: Bearer <token>"), from any
 # address, and once it is set nothing else: a proxy on the web process's own machine makes
 # every request look local. Without a token it answers these networks (the client's address
-# as console/addresses.py tells it; "none" for no network).
+# as tasks_app/addresses.py tells it; "none" for no network).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 METRICS_ALLOWED_NETWORKS = env_networks("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
 

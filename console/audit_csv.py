@@ -6,7 +6,7 @@ The columns outside code reads come first and stay as they were (``id`` … ``da
 later ones are only ever added at the end: ``label`` (the action as the console names
 it), ``workflow`` (of the event's task while it is stored), ``bulk_plan_id`` (the bulk
 action the event was part of) and ``chain_hash`` (operator events' link in the audit
-chain, ``tasks_app.operations.audit_chain``).
+chain, ``tasks_app.history.audit_chain``).
 
 The file ends with the chain's head as one more row: its first cell reads
 ``# chain head: event <id> <sha-256>`` and the others are empty, so every row has the
@@ -29,9 +29,11 @@ from typing import Any
 from django.db.models import QuerySet
 
 from console.presenters import csv_cell
+from tasks_app import redaction
+from tasks_app.history import audit_chain, audit_verify
+from tasks_app.history.audit_chain import Link
 from tasks_app.models import Event, EventKind
-from tasks_app.operations import audit_chain, audit_verify, listings, redaction
-from tasks_app.operations.audit_chain import Link
+from tasks_app.operations import listings
 
 COLUMNS = [
     "id",

@@ -19,8 +19,7 @@ from django.conf import settings
 from console.action_forms import bulk_params, param_field
 from console.action_forms import parse_json as parse_json  # its home; kept for imports
 from tasks_app import services
-from tasks_app.engine import fingerprints
-from tasks_app.models import EventKind
+from tasks_app.models import EventKind, fingerprints
 from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
 from tasks_app.operations.listings import AuditFilter, DeadFilter, workflow_names
 from tasks_app.operations.task_actions import ACTIONS

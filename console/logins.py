@@ -40,7 +40,7 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from tasks_app.observability import counting
+from tasks_app.history import counting
 
 # The counter of tries refused by the username's ceiling.
 SLOWED = "login_slowed"

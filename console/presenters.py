@@ -15,16 +15,15 @@ from typing import Any
 
 from django.utils import timezone
 
-from tasks_app import exceptions
+from tasks_app import exceptions, redaction
 from tasks_app.models.json_columns import is_undecodable
-from tasks_app.operations import redaction
 from tasks_app.operations.durations import short_duration as short_duration
-from tasks_app.operations.redaction import REDACTED as REDACTED
+from tasks_app.redaction import REDACTED as REDACTED
 
 
 def redact(value: Any, patterns: Iterable[str] | None = None) -> Any:
     """A copy of ``value`` with the value of every secret key replaced, at any depth
-    (:func:`tasks_app.operations.redaction.is_secret_key`)."""
+    (:func:`tasks_app.redaction.is_secret_key`)."""
     return redaction.redact(value, patterns)
 
 

@@ -20,8 +20,9 @@ from console.views import (
     view_tasks,
 )
 from tasks_app import services
-from tasks_app.observability import presence
-from tasks_app.operations import audit_chain, listings, selectors
+from tasks_app.engine import presence
+from tasks_app.history import audit_chain
+from tasks_app.operations import listings, selectors
 
 # --- queues ---------------------------------------------------------------------------------
 
@@ -108,7 +109,7 @@ def _export_refused(request: ConsoleRequest, form: forms.AuditFilterForm) -> Htt
 @reads_filter(forms.AuditFilterForm, refuse=_export_refused)
 def audit_export(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpResponseBase:
     """The filtered audit log as CSV, streamed row by row, newest first; what producers and
-    people wrote is redacted as everywhere else (``tasks_app.operations.redaction``), and no cell is
+    people wrote is redacted as everywhere else (``tasks_app.redaction``), and no cell is
     a formula (``presenters.csv_lines``). A bad filter answers 400 naming it, never a wider export.
 
     The last row is the audit chain's head, read after the last event row: its first cell

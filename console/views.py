@@ -36,9 +36,9 @@ from console import action_forms as action_forms_module
 from console import charts, errors, forms, presenters
 from console.task_filters import TaskFilterForm
 from tasks_app import services
+from tasks_app.engine import presence
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import Task, TaskStatus
-from tasks_app.observability import presence
 from tasks_app.operations import listings, selectors
 from tasks_app.operations.task_actions import ACTIONS
 

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET
 
 from console import charts, forms
 from console.views import ConsoleRequest, reads_filter, render_page, view_tasks
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.observability import workflow_figures as figures
 from tasks_app.operations import listings, selectors
 

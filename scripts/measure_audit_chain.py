@@ -25,8 +25,8 @@ django.setup()
 
 from django.db import connection, transaction  # noqa: E402
 
+from tasks_app.history import audit_chain, audit_verify  # noqa: E402
 from tasks_app.models import Event, EventKind  # noqa: E402
-from tasks_app.operations import audit_chain, audit_verify  # noqa: E402
 
 SECONDS = float(os.environ.get("SECONDS", "5"))
 WAYS = ("plain", "lock", "chained")

@@ -23,6 +23,22 @@ def _name_the_session(sender: Any, connection: Any, **kwargs: Any) -> None:
             cursor.execute("SELECT set_config('application_name', %s, false)", [name[:63]])
 
 
+def _register_sweep_jobs() -> None:
+    """The core's own periodic work, run by the sweeper after it reaps and rings again
+    (the engine knows none of it): retention prunes one batch of finished tasks and one of
+    operator events past the audit retention per sweep (``tasks_app.operations.retention``);
+    about once a minute, each workflow's counters go into the workflow figures' roll-up
+    (``tasks_app.observability.workflow_samples``), always reported as 0, sampling being
+    upkeep."""
+    from tasks_app.engine.sweeper import register_sweep_job
+    from tasks_app.observability import workflow_samples
+    from tasks_app.operations import retention
+
+    register_sweep_job("pruned", retention.sweep_tasks)
+    register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
+    register_sweep_job("workflow_samples", workflow_samples.sample)
+
+
 class TasksAppConfig(AppConfig):
     name = "tasks_app"
     verbose_name = "Tasks"
@@ -33,6 +49,8 @@ class TasksAppConfig(AppConfig):
         from tasks_app import backends  # noqa: F401
         from tasks_app.demo import workflows as demo_workflows  # noqa: F401
         from tasks_app.engine import backstop  # noqa: F401
+
+        _register_sweep_jobs()
 
         # A workflow of your own lives in the ``workflows`` module of an installed app (as
         # an admin lives in ``admin``): every process, web and worker alike, imports it

@@ -20,6 +20,7 @@ task (a heartbeat, the effects ledger's start) take no other lock.
 from __future__ import annotations
 
 from tasks_app.access import SWEEPER, SYSTEM, Actor, actor_fields, check_permission
+from tasks_app.db.clock import db_now
 from tasks_app.engine.enqueueing import EnqueueResult, PreparedItem, enqueue, enqueue_many, get_task
 from tasks_app.engine.leases import (
     Claim,
@@ -41,16 +42,14 @@ from tasks_app.engine.sweeper import (
 )
 from tasks_app.engine.transitions import (
     bump_counter,
-    db_now,
-    event_error,
     is_approval,
     lock_task,
-    record_event,
     step_context,
     step_inputs,
     try_lock_task,
 )
 from tasks_app.engine.waiting import close_approval_step, open_approval_step, replace_draft, revise
+from tasks_app.history.events import event_error, record_event
 from tasks_app.operations.operator_actions import (
     BULK_ACTIONS,
     BulkReport,

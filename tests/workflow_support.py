@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
+from tasks_app.history import counting
 from tasks_app.models import WorkflowSample
-from tasks_app.observability import counting
 
 # Shares of the successful runs per run-time bucket (counting.STEP_SECONDS_BUCKETS), as a
 # quick step with a slow tail; in an incident the tail grows.

@@ -48,7 +48,7 @@ from django.db import connections
 from tasks_app.engine import claims_directory, leases
 from tasks_app.engine.claims_directory import ClaimsDirectory, make_private, parent
 from tasks_app.engine.leases import Claim
-from tasks_app.observability.presence import process_running
+from tasks_app.engine.presence import process_running
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from tasks_app.access import Actor
-from tasks_app.engine.transitions import record_event, settle_and_record
+from tasks_app.engine.transitions import settle_and_record
+from tasks_app.history.events import record_event
 from tasks_app.models import EventKind, Step, StepStatus, Task, TaskStatus
 
 # The event of a task that an attempt ended, by the status it ended in.

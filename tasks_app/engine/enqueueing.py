@@ -13,13 +13,15 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 
 from tasks_app import validation
 from tasks_app.access import Actor, actor_fields
+from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fastpath import insert_tasks
-from tasks_app.engine.transitions import bump_counter, db_now, fast_path_enabled, step_state
+from tasks_app.engine.transitions import bump_counter, fast_path_enabled
+from tasks_app.engine.workflows import Workflow, registry
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, all_of
+from tasks_app.history import counting
+from tasks_app.history.events import step_state
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus, step_key
-from tasks_app.observability import counting
-from tasks_app.workflows import Workflow, registry
 
 T = TypeVar("T")
 

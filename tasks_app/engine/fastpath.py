@@ -41,14 +41,14 @@ from tasks_app.engine.sql import (
 )
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
+from tasks_app.history.counting import STEP_SECONDS_BUCKETS, bucket_label
 from tasks_app.models import EventKind, Step, Task, TaskStatus
-from tasks_app.observability.counting import STEP_SECONDS_BUCKETS, bucket_label
 from tasks_app.signals import announce_on_commit
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from tasks_app.workflows import Workflow
+    from tasks_app.engine.workflows import Workflow
 
 
 class Insertable(Protocol):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError, connections
 
-from tasks_app import services
 from tasks_app.db.idle_connections import idle_seconds
 from tasks_app.db.lock_conflicts import is_lock_conflict
-from tasks_app.workflows import StepContext
+from tasks_app.engine import leases
+from tasks_app.engine.workflows import StepContext
 
 # The keeper's lines keep the name the worker's log has always given them (the runner's),
 # so filters and alerts on it still match.
@@ -26,7 +26,7 @@ logger = logging.getLogger("tasks_app.engine.runner")
 
 @dataclass
 class _Watched:
-    claim: services.Claim
+    claim: leases.Claim
     renewed_at: float
     ctx: StepContext | None = None
     deadline: float | None = None
@@ -61,7 +61,7 @@ class LeaseKeeper:
         self._failing: _Streak | None = None
         self._release: threading.Event | None = None
 
-    def watch(self, claims: Sequence[services.Claim]) -> None:
+    def watch(self, claims: Sequence[leases.Claim]) -> None:
         now = time.monotonic()
         with self._lock:
             for claim in claims:
@@ -72,14 +72,14 @@ class LeaseKeeper:
                 self._thread.start()
         self._wake.set()
 
-    def started(self, claim: services.Claim, ctx: StepContext, timeout: float | None) -> None:
+    def started(self, claim: leases.Claim, ctx: StepContext, timeout: float | None) -> None:
         with self._lock:
             watched = self._watched.get(claim.step_id)
             if watched is not None:
                 watched.ctx = ctx
                 watched.deadline = time.monotonic() + timeout if timeout else None
 
-    def forget(self, claim: services.Claim) -> None:
+    def forget(self, claim: leases.Claim) -> None:
         """Stop renewing; waits for a renewal in flight, so none lands after the caller
         goes on to record the step's outcome (it would be refused as a stale write)."""
         with self._renewing, self._lock:
@@ -135,7 +135,7 @@ class LeaseKeeper:
             self.forget(item.claim)
             return
         try:
-            beat = services.heartbeat(item.claim)
+            beat = leases.heartbeat(item.claim)
         except Exception as exc:
             self._failed(item, exc)
             return

@@ -15,22 +15,15 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from tasks_app.access import SYSTEM
+from tasks_app.db.clock import db_now, now_plus
 from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
 from tasks_app.engine.endings import FAILED_ATTEMPT_EVENTS, finish_attempt, next_status
-from tasks_app.engine.transitions import (
-    after_success,
-    db_now,
-    event_error,
-    lock_task,
-    now_plus,
-    paused_filter,
-    record_event,
-    release_lease,
-)
+from tasks_app.engine.transitions import after_success, lock_task, paused_filter, release_lease
 from tasks_app.engine.waiting import open_approval_step
 from tasks_app.exceptions import AWAITING_VERSION
+from tasks_app.history import counting
+from tasks_app.history.events import event_error, record_event
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
-from tasks_app.observability import counting
 
 # The reason of the `cancelled` event of a task whose cancel came while its step ran and
 # whose step then succeeded (COMPLETE_SQL writes the same text).

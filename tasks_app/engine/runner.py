@@ -16,12 +16,13 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from tasks_app import services
-from tasks_app.engine import crashes, fastpath, stopping
+from tasks_app.db import clock
+from tasks_app.engine import crashes, fastpath, leases, stopping
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.effects import LeaseLost
 from tasks_app.engine.lease_keeper import lease_keeper
-from tasks_app.engine.transitions import leads_to_approval
+from tasks_app.engine.transitions import leads_to_approval, step_context
+from tasks_app.engine.workflows import StepContext, StepSpec, Workflow, registry
 from tasks_app.exceptions import (
     AWAITING_VERSION,
     UNDECODABLE_PAYLOAD,
@@ -34,7 +35,6 @@ from tasks_app.exceptions import (
 )
 from tasks_app.models import Step, Task
 from tasks_app.models.json_columns import first_undecodable
-from tasks_app.workflows import StepContext, StepSpec, Workflow, registry
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,9 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _dead(claim: services.Claim, error_class: str, message: str, reason: str) -> None:
+def _dead(claim: leases.Claim, error_class: str, message: str, reason: str) -> None:
     lease_keeper.forget(claim)
-    services.fail_step(
-        claim, error_class=error_class, message=message, retry_in=None, reason=reason
-    )
+    leases.fail_step(claim, error_class=error_class, message=message, retry_in=None, reason=reason)
 
 
 # What _run_one returns once the step's outcome is recorded (it failed): nothing left to
@@ -64,12 +62,12 @@ def _dead(claim: services.Claim, error_class: str, message: str, reason: str) ->
 _RECORDED = object()
 
 
-def execute(claim: services.Claim) -> None:
+def execute(claim: leases.Claim) -> None:
     """Run one claimed step and record its outcome under its fencing token."""
     run_batch([claim])
 
 
-def run_batch(claims: Sequence[services.Claim]) -> int:
+def run_batch(claims: Sequence[leases.Claim]) -> int:
     """Run claimed steps one after another and record their outcomes; returns how many
     returned a result (the rest failed: retried or dead-lettered).
 
@@ -88,7 +86,7 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
     lease_keeper.watch(claims)
     # Where the parent finds what this process holds, should a step kill it (crashes).
     crashes.record.holding(claims)
-    succeeded: list[tuple[services.Claim, Any]] = []
+    succeeded: list[tuple[leases.Claim, Any]] = []
     try:
         for index, claim in enumerate(claims):
             if stopping.is_stopping():
@@ -104,32 +102,32 @@ def run_batch(claims: Sequence[services.Claim]) -> int:
             lease_keeper.forget(claim)
     # A success that reaches an approval step opens its request in the same transaction,
     # which the one-step path does; the rest are recorded together.
-    together: list[tuple[services.Claim, Any]] = []
-    one_by_one: list[tuple[services.Claim, Any]] = []
+    together: list[tuple[leases.Claim, Any]] = []
+    one_by_one: list[tuple[leases.Claim, Any]] = []
     for claim, result in succeeded:
         step = rows[claim.step_id]
         reaches = leads_to_approval(step.task, step.position)
         (one_by_one if reaches else together).append((claim, result))
     fastpath.complete_many(together)
     for claim, result in one_by_one:
-        services.complete_step(claim, result)
+        leases.complete_step(claim, result)
     crashes.record.clear()
     return len(succeeded)
 
 
-def _hand_back(claims: Sequence[services.Claim]) -> None:
+def _hand_back(claims: Sequence[leases.Claim]) -> None:
     """The worker is stopping (:mod:`tasks_app.engine.stopping`): release the claims whose
     handlers have not started, uncharged and due again at once, each with its doorbell
     (``claim_released``, reason ``worker_stopping``), for another worker to run now rather
     than this one holding the rest of its batch up to its end."""
     for claim in claims:
         lease_keeper.forget(claim)
-        services.release_claim(
+        leases.release_claim(
             claim, actor=f"worker:{claim.worker_id}", reason=WORKER_STOPPING, ran=False
         )
 
 
-def _run_one(claim: services.Claim, step: Step) -> Any:
+def _run_one(claim: leases.Claim, step: Step) -> Any:
     """Run one handler; returns its result, or ``_RECORDED`` once its outcome is recorded.
 
     1. Find the workflow version the task was enqueued under and the step's kind in it; if
@@ -156,9 +154,7 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
             "permanent_error",
         )
         return _RECORDED
-    ctx = services.step_context(
-        task, step, attempt=claim.attempt, token=claim.token, timeout=spec.timeout
-    )
+    ctx = step_context(task, step, attempt=claim.attempt, token=claim.token, timeout=spec.timeout)
     unreadable = _undecodable_input(ctx)
     if unreadable is not None:
         _dead(claim, UNDECODABLE_PAYLOAD, unreadable, UNDECODABLE_PAYLOAD)
@@ -169,7 +165,7 @@ def _run_one(claim: services.Claim, step: Step) -> Any:
     except LeaseLost as exc:
         logger.warning("step %s lost its lease: %s", step.pk, exc)
         lease_keeper.forget(claim)
-        services.fail_step(
+        leases.fail_step(
             claim, error_class=error_class(exc), message=str(exc), retry_in=0, reason=""
         )
     except OutcomeUnknown as exc:
@@ -203,7 +199,7 @@ def _undecodable_input(ctx: StepContext) -> str | None:
     )
 
 
-def _await_version(claim: services.Claim, task: Task, step: Step, flow: Workflow | None) -> None:
+def _await_version(claim: leases.Claim, task: Task, step: Step, flow: Workflow | None) -> None:
     """A step this worker cannot run by its task's rules: the workflow (by name or by
     version) is not registered here, or that version has no such step kind. During a
     rolling deploy a producer on the new code enqueues what only the new workers know, so
@@ -217,8 +213,8 @@ def _await_version(claim: services.Claim, task: Task, step: Step, flow: Workflow
     is measured by the database's clock (rule 3): the first hand-back records when it began
     (``waiting_since``), so a worker with a slow clock cannot cut it short."""
     lease_keeper.forget(claim)
-    now = services.db_now()
-    since = services.awaiting_version_since(task.pk, claim.step_id)
+    now = clock.db_now()
+    since = leases.awaiting_version_since(task.pk, claim.step_id)
     waited = 0.0 if since is None else (now - since).total_seconds()
     versions = ", ".join(f"v{v}" for v in registry.versions(task.workflow)) or "no version"
     wanted = f"workflow {task.workflow} v{task.workflow_version}"
@@ -229,7 +225,7 @@ def _await_version(claim: services.Claim, task: Task, step: Step, flow: Workflow
         kinds = ", ".join(spec.kind for spec in flow.steps)
         dead_as, has = "unknown_step_kind", f"has {kinds} in v{flow.version}"
     if waited >= settings.TASKS_VERSION_WAIT_SECONDS:
-        services.fail_step(
+        leases.fail_step(
             claim,
             error_class=dead_as,
             message=f"{wanted} is not registered on any worker that claimed it in "
@@ -242,7 +238,7 @@ def _await_version(claim: services.Claim, task: Task, step: Step, flow: Workflow
         f"{wanted} is not registered on worker {claim.worker_id} (it {has}); "
         f"waiting for a worker that has it, up to {settings.TASKS_VERSION_WAIT_SECONDS} s"
     )
-    services.release_claim(
+    leases.release_claim(
         claim,
         actor=f"worker:{claim.worker_id}",
         reason=AWAITING_VERSION,
@@ -253,9 +249,9 @@ def _await_version(claim: services.Claim, task: Task, step: Step, flow: Workflow
     )
 
 
-def _retry(claim: services.Claim, spec: StepSpec, exc: Exception) -> None:
+def _retry(claim: leases.Claim, spec: StepSpec, exc: Exception) -> None:
     lease_keeper.forget(claim)
-    services.fail_step(
+    leases.fail_step(
         claim,
         error_class=error_class(exc),
         message=error_text(exc),
@@ -365,7 +361,7 @@ def run_task_steps(task: Task, *, limit: int = 50) -> int:
 
 def run_claimed(step_id: int) -> bool:
     """Claim ``step_id`` and run it; False when there was nothing to claim."""
-    claim = services.claim_step(step_id, worker_id=worker_id())
+    claim = leases.claim_step(step_id, worker_id=worker_id())
     if claim is None:
         return False
     execute(claim)

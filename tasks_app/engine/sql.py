@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 
 from tasks_app.exceptions import LEASE_EXPIRED
-from tasks_app.observability.counting import CLAIMED, ENQUEUED, SHARDS, STEP_SECONDS
+from tasks_app.history.counting import CLAIMED, ENQUEUED, SHARDS, STEP_SECONDS
 
 # "A step is due", as models.StepQuerySet.due says it, for the statements below.
 DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
@@ -53,7 +53,7 @@ _CLAIM_ROWS = ", ".join(
 
 # ORM twin: leases.claim_step (one step), fastpath._claim_batch_one_by_one (many). "Due" is
 # models.StepQuerySet.due, "not paused" is transitions.paused_filter, the event's steps
-# triple is transitions.step_state.
+# triple is history.events.step_state.
 # The batch size is written into the statement ({limit}, see claim_sql), not passed as a
 # parameter: with an unknown LIMIT PostgreSQL's generic plan expects a large batch and
 # hash-joins whole tables, so every call was planned anew (0.7-1.5 ms a claim). With the
@@ -138,7 +138,7 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 # ORM twin: leases.complete_step. "What a success leads to" is transitions.after_success
 # (here: the blocked step at the next position; the runner sends a success for which
 # transitions.leads_to_approval holds through complete_step instead), the task's status
-# is transitions.settle_task's, the steps triple transitions.step_state's, and how the
+# is transitions.settle_task's, the steps triple history.events.step_state's, and how the
 # attempt ends is endings.finish_attempt's (its event here; the task's ending event,
 # endings.record_ending, written by fastpath.complete_many after this statement).
 # One statement after the tasks are locked: fenced success for every step still held by

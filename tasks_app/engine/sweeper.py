@@ -14,20 +14,15 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from tasks_app.access import SWEEPER
+from tasks_app.db.clock import db_now
 from tasks_app.db.lock_conflicts import is_lock_conflict, lock_wait
+from tasks_app.engine import presence
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.endings import finish_attempt, next_status
-from tasks_app.engine.transitions import (
-    db_now,
-    paused_filter,
-    release_lease,
-    try_lock_task,
-)
+from tasks_app.engine.transitions import paused_filter, release_lease, try_lock_task
 from tasks_app.exceptions import LEASE_EXPIRED, UNDECODABLE_PAYLOAD
 from tasks_app.models import EventKind, Lease, Step, StepStatus
 from tasks_app.models.json_columns import first_undecodable
-from tasks_app.observability import presence, workflow_samples
-from tasks_app.operations import retention
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +49,6 @@ def register_sweep_job(name: str, job: SweepJob) -> None:
     app building on the core registers its periodic work here, as approvals does for
     expiry."""
     _sweep_jobs[name] = job
-
-
-# The core's own periodic work: retention prunes one batch of finished tasks and one of
-# operator events past the audit retention per sweep (tasks_app.operations.retention).
-register_sweep_job("pruned", retention.sweep_tasks)
-register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
-# About once a minute, each workflow's counters into the workflow figures' roll-up
-# (tasks_app.observability.workflow_samples); always reported as 0, sampling being upkeep.
-register_sweep_job("workflow_samples", workflow_samples.sample)
 
 
 def sweep(*, limit: int = 500) -> SweepReport:

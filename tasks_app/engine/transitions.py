@@ -5,22 +5,22 @@ success leads to."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, Q
-from django.db.models.expressions import CombinedExpression
+from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from tasks_app.access import Actor, actor_fields
+from tasks_app.access import Actor
 from tasks_app.engine.effects import Effects
-from tasks_app.history import derive_task_status
+from tasks_app.engine.workflows import StepContext, registry
+from tasks_app.history import counting, derive_task_status
+from tasks_app.history.events import record_event
 from tasks_app.models import (
     TERMINAL_TASK_STATUSES,
-    Event,
     Lease,
     QueueState,
     Step,
@@ -28,10 +28,7 @@ from tasks_app.models import (
     Task,
     TaskStatus,
 )
-from tasks_app.observability import counting, oplog
-from tasks_app.operations import audit_chain
 from tasks_app.signals import announce_on_commit
-from tasks_app.workflows import StepContext, registry
 
 
 def fast_path_enabled() -> bool:
@@ -40,73 +37,6 @@ def fast_path_enabled() -> bool:
     default); off, PostgreSQL runs the same ORM code as the embedded SQLite mode, so the
     tests exercise that code in-process."""
     return connection.vendor == "postgresql" and bool(settings.TASKS_SQL_FAST_PATH)
-
-
-def db_now() -> datetime:
-    """The database's clock on PostgreSQL (rule 3); the process clock on SQLite."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT STATEMENT_TIMESTAMP()")
-            value: datetime = cursor.fetchone()[0]
-            return value
-    return timezone.now()
-
-
-def now_plus(seconds: float) -> ExpressionWrapper[CombinedExpression]:
-    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
-
-
-def step_state(step: Step) -> list[Any]:
-    return [step.status, step.attempts, step.fencing_token]
-
-
-def record_event(
-    kind: str,
-    *,
-    task_id: int | None,
-    step_id: int | None = None,
-    actor: Actor = None,
-    reason: str = "",
-    steps: Iterable[Step] = (),
-    task: Task | None = None,
-    **data: Any,
-) -> Event:
-    """Write the event of a transition in the caller's transaction; an operator action is
-    appended to the audit chain (``audit_chain.append``). The kinds on-call hears of also
-    get their log line once it commits (``oplog``: ``task`` and ``steps`` are the rows at
-    hand, so the line reads none again)."""
-    name, user_id = actor_fields(actor)
-    changed = tuple(steps)
-    changes = {str(step.pk): step_state(step) for step in changed}
-    if changes:
-        data["steps"] = changes
-    event = Event(
-        task_id=task_id,
-        step_id=step_id,
-        kind=kind,
-        actor=name,
-        actor_user_id=user_id,
-        reason=reason,
-        data=data,
-    )
-    if audit_chain.is_chained(kind):
-        audit_chain.append(event)
-    else:
-        event.save()
-    if kind in counting.COUNTED_EVENT_KINDS:
-        counts = {f"{counting.EVENT}:{kind}": 1}
-        if kind in counting.WORKFLOW_EVENT_KINDS and task_id is not None:
-            # Rare kinds: the task's workflow is read when the caller did not pass the row.
-            workflow = (
-                task.workflow
-                if task is not None
-                else Task.objects.filter(pk=task_id).values_list("workflow", flat=True).first()
-            )
-            if workflow is not None:
-                counts[counting.workflow_event_name(workflow, kind)] = 1
-        counting.add(counts)
-    oplog.log_event(event, task=task, steps=changed)
-    return event
 
 
 def settle_and_record(
@@ -134,12 +64,6 @@ def settle_and_record(
         **data,
     )
     return status
-
-
-def event_error(text: str) -> str:
-    """An error as its event keeps it: the end of a long traceback, where the exception
-    and its message are."""
-    return text if len(text) <= 2000 else "…" + text[-1999:]
 
 
 def bump_counter(name: str, by: int = 1) -> None:

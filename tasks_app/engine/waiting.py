@@ -11,20 +11,20 @@ from typing import Any
 from django.db import transaction
 
 from tasks_app.access import SYSTEM, Actor, actor_fields
+from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.endings import finish_attempt
 from tasks_app.engine.transitions import (
     after_success,
     cancel_steps,
     current_steps,
-    db_now,
-    event_error,
     settle_and_record,
     step_context,
 )
+from tasks_app.engine.workflows import AwaitDecision, registry
 from tasks_app.exceptions import InvalidTransition, error_class, error_text
+from tasks_app.history.events import event_error
 from tasks_app.models import EventKind, Step, StepStatus, Task, step_key
-from tasks_app.workflows import AwaitDecision, registry
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from tasks_app.integrations.admin_parts import (
     with_operator_actions,
 )
 from tasks_app.models import Event, Lease, Step, Task
-from tasks_app.operations.redaction import redact_text
+from tasks_app.redaction import redact_text
 
 # The admin's classes are generic only to the type checker (subscripting them at run time
 # needs django-stubs-ext, a development dependency).

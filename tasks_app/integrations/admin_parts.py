@@ -1,6 +1,6 @@
 """The task admin's parts: changelist filters (and the lookups refused), the operator
 actions it offers, and the escaped HTML its read-only pages show, with what producers and
-people wrote redacted (``tasks_app.operations.redaction``)."""
+people wrote redacted (``tasks_app.redaction``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from django.utils.safestring import SafeString
 
 from tasks_app.exceptions import IdempotencyConflict
 from tasks_app.models import Event, Task
-from tasks_app.operations.redaction import redact_event_data, redact_text, redacted_json
 from tasks_app.operations.task_actions import ACTIONS, ActionSpec
+from tasks_app.redaction import redact_event_data, redact_text, redacted_json
 from tasks_app.workflows import registry
 
 # --- changelist filters and search -----------------------------------------------------------

@@ -24,9 +24,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 
 from tasks_app import services, validation
-from tasks_app.engine import fingerprints
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
-from tasks_app.models import Event, Step, Task
+from tasks_app.models import Event, Step, Task, fingerprints
 from tasks_app.operations import listings
 from tasks_app.operations.task_actions import ACTIONS
 

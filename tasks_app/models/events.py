@@ -96,7 +96,7 @@ class Event(models.Model):
     ``data["steps"]`` holds the new ``[status, attempts, fencing_token]`` of every step the
     transition changed; :func:`tasks_app.history.fold` replays them.
 
-    Operator actions (``OPERATOR_EVENT_KINDS``) are chained (``tasks_app.operations.audit_chain``):
+    Operator actions (``OPERATOR_EVENT_KINDS``) are chained (``tasks_app.history.audit_chain``):
     ``chain_hash`` is the SHA-256 of the event's canonical form, which includes
     ``chain_previous``, the hash of the operator event before it. Other events leave both
     empty.
@@ -178,7 +178,7 @@ class AuditCheckpointQuerySet(models.QuerySet["AuditCheckpoint"]):
 
 class AuditCheckpoint(models.Model):
     """Written by retention before it deletes chained events
-    (``tasks_app.operations.audit_verify``): the chain is sealed up to ``last_event_id``,
+    (``tasks_app.history.audit_verify``): the chain is sealed up to ``last_event_id``,
     whose hash was ``last_hash``; ``kept`` lists ``[id, hash]`` of the chained events up to
     there still stored (those of tasks still kept), so verification starts here.
     Append-only, like events."""

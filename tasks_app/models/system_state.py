@@ -22,7 +22,7 @@ class QueueState(models.Model):
 
 
 class Counter(models.Model):
-    """Small monotonic counters for metrics (``tasks_app.observability.counting``): duplicate
+    """Small monotonic counters for metrics (``tasks_app.history.counting``): duplicate
     enqueues, idempotency conflicts, and per process shard enqueues per workflow, claims per queue,
     successful runs' times, events pruned per kind."""
 
@@ -61,7 +61,7 @@ class Heartbeat(models.Model):
 
 
 class WorkflowSample(models.Model):
-    """One workflow's counters (``tasks_app.observability.counting``) as they stood at a moment: the
+    """One workflow's counters (``tasks_app.history.counting``) as they stood at a moment: the
     roll-up the workflow figures read (``tasks_app.observability.workflow_figures``). The sweeper
     takes one per workflow a minute; a figure over a window is the difference between two samples,
     so what it costs to read follows the number of workflows, not the history."""

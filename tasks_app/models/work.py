@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from tasks_app.engine.fingerprints import fingerprint
+from tasks_app.models.fingerprints import fingerprint
 from tasks_app.models.json_columns import TolerantJSONField
 from tasks_app.validation import MAX_PRIORITY, MIN_PRIORITY
 
@@ -218,7 +218,7 @@ class Step(models.Model):
     result = TolerantJSONField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     error_class = models.CharField(max_length=200, blank=True)
-    # The cause of the step's death (``tasks_app.engine.fingerprints``) and its task's workflow,
+    # The cause of the step's death (``tasks_app.models.fingerprints``) and its task's workflow,
     # set by ``save`` whenever it is saved dead, so the dead letters group by cause and
     # workflow from one index; read only while the step is dead (a redrive leaves them
     # behind). The database's default serves inserts that do not name them (enqueue's

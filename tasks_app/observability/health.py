@@ -17,8 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from tasks_app.db import deadlines
-from tasks_app.engine import claims_directory
-from tasks_app.observability import presence
+from tasks_app.engine import claims_directory, presence
 
 Check = Callable[[], tuple[bool, str]]
 

@@ -46,7 +46,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.history import StepState, TaskState, fold_events
 from tasks_app.models import (
     ACTIVE_TASK_STATUSES,

@@ -6,7 +6,7 @@ Two kinds of figures:
   workers, the sweeper's last run. Each is read from a partial index of active rows or a
   small table, so the cost follows the work in flight, not the finished history.
 - **Since the start** (counters, histograms): rows of the ``Counter`` table
-  (``tasks_app.observability.counting``), added to in the transaction of the change they count
+  (``tasks_app.history.counting``), added to in the transaction of the change they count
   (enqueues, claims, the run time of steps that succeeded, the rare and operator events;
   on PostgreSQL's hot path inside the same statement), sharded by process so concurrent
   writers rarely wait on one row. Pruning history takes nothing from them; what it
@@ -26,10 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from tasks_app.models import Counter as CounterRow
-from tasks_app.models import Step, StepStatus, Task
-from tasks_app.observability import presence
-from tasks_app.observability.counting import (
+from tasks_app.engine import presence
+from tasks_app.history.counting import (
     CLAIMED,
     COUNTED_EVENT_KINDS,
     ENQUEUED,
@@ -38,6 +36,8 @@ from tasks_app.observability.counting import (
     bucket_label,
     step_seconds_histogram,
 )
+from tasks_app.models import Counter as CounterRow
+from tasks_app.models import Step, StepStatus, Task
 from tasks_app.operations import selectors
 from tasks_app.operations.retention import PRUNED_COUNTER_PREFIX
 

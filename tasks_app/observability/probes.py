@@ -19,7 +19,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from console.addresses import client_address
+from tasks_app.addresses import client_address
 from tasks_app.observability import health, metrics
 from tasks_app.observability.bearer import bears
 from tasks_app.observability.logs import PROBE_ANSWER
@@ -36,7 +36,8 @@ def may_scrape(request: HttpRequest) -> bool:
     """With a token set, only the token opens the metrics, from any address: behind a proxy
     on the same machine every request comes from loopback, so no address can stand for
     it. Without one, the allowed networks do, checked against the client's address as
-    ``console.addresses`` tells it (what a trusted proxy forwarded for, not the proxy's)."""
+    ``tasks_app.addresses`` tells it (what a trusted proxy forwarded for, not
+    the proxy's)."""
     if settings.METRICS_TOKEN:
         return bears(request, settings.METRICS_TOKEN)
     client = client_address(request)

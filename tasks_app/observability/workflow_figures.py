@@ -1,6 +1,6 @@
 """Per-workflow figures over the last hour, day or week, from a roll-up of the counters.
 
-The metrics counters (``tasks_app.observability.counting``) count, per workflow, the tasks enqueued,
+The metrics counters (``tasks_app.history.counting``) count, per workflow, the tasks enqueued,
 the run-time histogram of the steps that succeeded (the completion's statement keys the histogram it
 always kept by the task's workflow: no row more for a batch of one workflow; measured +0.3 B of WAL
 per step, +5 B when batches mix two workflows), and the retries and dead letters (a second counter
@@ -29,10 +29,10 @@ from django.db.models import F
 from django.db.models import Window as Over
 from django.db.models.functions import RowNumber
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
+from tasks_app.history import counting
+from tasks_app.history.counting import WorkflowTotals
 from tasks_app.models import EventKind, WorkflowSample
-from tasks_app.observability import counting
-from tasks_app.observability.counting import WorkflowTotals
 from tasks_app.workflows import registry
 
 # --- the samples --------------------------------------------------------------------------------

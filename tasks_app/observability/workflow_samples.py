@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
+from tasks_app.history import counting
+from tasks_app.history.counting import WorkflowTotals
 from tasks_app.models import WorkflowSample
-from tasks_app.observability import counting
-from tasks_app.observability.counting import WorkflowTotals
 from tasks_app.observability.workflow_figures import Point, latest_samples
 
 # About one sample a minute: the sweeper runs every few seconds and takes one when the last

@@ -13,8 +13,8 @@ from django.db import connection
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 
 from tasks_app import validation
-from tasks_app.engine.fingerprints import masked_message
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
+from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import (
     OPERATOR_EVENT_KINDS,
@@ -25,9 +25,9 @@ from tasks_app.models import (
     Task,
     TaskStatus,
 )
-from tasks_app.operations.redaction import secret_key_in
+from tasks_app.models.fingerprints import masked_message
 from tasks_app.operations.selectors import scheduled_retries, succeeded_since
-from tasks_app.workflows import registry
+from tasks_app.redaction import secret_key_in
 
 # --- lists ------------------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class DeadFilter:
     workflow: str = ""
     queue: str = ""
     error_class: str = ""
-    # A cause (``tasks_app.engine.fingerprints``): the dead letters of one group.
+    # A cause (``tasks_app.models.fingerprints``): the dead letters of one group.
     fingerprint: str = ""
 
 

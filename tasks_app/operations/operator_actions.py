@@ -15,23 +15,23 @@ from django.db import transaction
 
 from tasks_app import validation
 from tasks_app.access import Actor, actor_fields, check_permission
+from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell, ring_on_commit
 from tasks_app.engine.transitions import (
     after_success,
     cancel_steps,
-    db_now,
     is_approval,
     lock_task,
-    record_event,
     settle_and_record,
 )
 from tasks_app.engine.waiting import open_approval_step
+from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import InvalidInput, InvalidTransition
+from tasks_app.history.events import record_event
 from tasks_app.models import Effect, EventKind, QueueState, Step, StepStatus, Task
 from tasks_app.models.json_columns import described
 from tasks_app.operations.task_actions import ACTIONS, Action, refusal
 from tasks_app.signals import steps_cancelled
-from tasks_app.workflows import registry
 
 
 def _run_again(step: Step, now: datetime, delay: timedelta | None = None) -> None:

@@ -32,10 +32,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, QuerySet
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
+from tasks_app.history import audit_verify, counting
 from tasks_app.models import OPERATOR_EVENT_KINDS, Event, Step, Task, TaskStatus
-from tasks_app.observability import counting
-from tasks_app.operations import audit_verify
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.exceptions import AWAITING_VERSION
 from tasks_app.models import (
     Effect,

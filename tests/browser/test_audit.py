@@ -18,8 +18,8 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from tasks_app import services
+from tasks_app.history import audit_chain
 from tasks_app.models import Event
-from tasks_app.operations import audit_chain
 from tests.browser.support import SCREENSHOTS, log_in
 from tests.factories import dead_task, noop
 

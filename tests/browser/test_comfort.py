@@ -22,8 +22,8 @@ from playwright.sync_api import Page, Request, expect
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
 from tasks_app import services
+from tasks_app.engine import presence
 from tasks_app.models import Step, Task
-from tasks_app.observability import presence
 from tests.approval_support import advance, article, pending_request, ticket
 from tests.browser.support import LINES, OVERFLOW, PHONE, SCREENSHOTS, log_in
 from tests.e2e_support import wait_for

@@ -19,8 +19,8 @@ from playwright.sync_api import Browser, Page, expect
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from console import mailbox
+from tasks_app.engine.presence import SWEEPER
 from tasks_app.models import Heartbeat, Task, TaskStatus
-from tasks_app.observability.presence import SWEEPER
 from tests.approval_support import article, mailable, notice_task, press_release
 from tests.browser.support import (
     SCREENSHOTS,

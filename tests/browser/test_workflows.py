@@ -18,8 +18,8 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from tasks_app import services
+from tasks_app.db.clock import db_now
 from tasks_app.engine import runner
-from tasks_app.engine.transitions import db_now
 from tests.browser.support import (
     OVERFLOW,
     PHONE,

@@ -16,8 +16,8 @@ from django.db import connection
 from django.db.models import Max
 
 from tasks_app import services
+from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, publish
-from tasks_app.engine.transitions import db_now
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tests.chaos.harness import (
     RECEIVED,

@@ -19,9 +19,9 @@ import pytest
 from django.db.models import Max
 from django.test import Client
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
+from tasks_app.engine import presence
 from tasks_app.models import Task, TaskStatus
-from tasks_app.observability import presence
 from tests.chaos.harness import (
     Cluster,
     Record,

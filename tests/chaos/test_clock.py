@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 
 from tasks_app import services
+from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, publish
-from tasks_app.engine.transitions import db_now
 from tasks_app.models import Event, EventKind, Step, StepStatus
 from tests.chaos.harness import (
     Cluster,

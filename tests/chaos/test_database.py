@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.models import StepStatus, Task, TaskStatus
 from tests.chaos.harness import (
     Cluster,

@@ -26,7 +26,7 @@ import pytest
 from django.db import connection
 
 from tasks_app import services
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tests.chaos.harness import (
     LEASE_SECONDS,

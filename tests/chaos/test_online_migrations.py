@@ -28,7 +28,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.history import TaskState, fold
 from tasks_app.models import Step, StepStatus, Task, TaskStatus
 from tasks_app.observability import invariants

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.models import Event, EventKind, Task, TaskStatus
 from tests.approval_support import article, pending_request
 from tests.chaos.harness import (

@@ -18,7 +18,7 @@ import pytest
 from django.db.models.functions import Now
 
 from tasks_app import services
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.exceptions import UNDECODABLE_PAYLOAD
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tests.chaos.harness import (

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from tasks_app import services
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus
 from tests.chaos.harness import (
     Cluster,

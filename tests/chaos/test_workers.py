@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 
 from tasks_app import services
-from tasks_app.engine.transitions import db_now
+from tasks_app.db.clock import db_now
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.models import Lease, Step, StepStatus, TaskStatus
 from tests.chaos.harness import (

@@ -1,5 +1,5 @@
 """The client's address: the connecting one, or what trusted proxies forwarded, never
-what a client claims (console/addresses.py)."""
+what a client claims (tasks_app/addresses.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 from honcho.environ import parse_procfile
 
-from console.addresses import ForwardedProtoMiddleware, client_address
+from tasks_app.addresses import ForwardedProtoMiddleware, client_address
 from tests.e2e_support import ROOT, spare_port, wait_for
 from tests.settings_support import PRODUCTION, clean_env, load_settings
 
@@ -119,7 +119,7 @@ def test_with_no_trusted_proxy_no_request_is_https_on_a_headers_word(
     ]
     assert seen == [b"http", b"http"]
     # Once per process, naming the address to trust if it is the proxy.
-    assert [r.getMessage() for r in caplog.records if r.name == "console.addresses"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "tasks_app.addresses"] == [
         f"ignored X-Forwarded-Proto from {PROXY}, which is not a trusted proxy "
         "(DJANGO_TRUSTED_PROXIES); further ones are ignored without a line"
     ]

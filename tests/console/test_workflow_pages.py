@@ -13,8 +13,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from tasks_app import services
+from tasks_app.db.clock import db_now
 from tasks_app.engine import runner
-from tasks_app.engine.transitions import db_now
 from tasks_app.observability import workflow_samples as ws
 from tests.console_support import HTMX, body, login
 from tests.factories import dead_task
@@ -166,7 +166,7 @@ def test_an_unknown_workflow_is_not_found(oncall: User) -> None:
 
 
 def test_a_workflow_no_longer_registered_still_has_its_page(oncall: User) -> None:
-    from tasks_app.observability import counting
+    from tasks_app.history import counting
 
     counting.upsert({"enqueued:retired.flow#0": 2})
     page = body(login(oncall).get("/workflows/retired.flow/"))

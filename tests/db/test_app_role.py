@@ -21,8 +21,9 @@ from django.db import DatabaseError, connection, transaction
 
 from tasks_app import services
 from tasks_app.engine import runner
+from tasks_app.history import audit_verify
 from tasks_app.models import AuditCheckpoint, Event, Task, TaskStatus
-from tasks_app.operations import audit_verify, retention
+from tasks_app.operations import retention
 from tests.conftest import backdate, only_step
 
 pytestmark = pytest.mark.skipif(

@@ -20,6 +20,7 @@ import pytest
 from django.utils import timezone
 
 from tasks_app import services
+from tasks_app.db import clock
 from tasks_app.engine import runner
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tasks_app.workflows import StepSpec, Workflow, register, registry
@@ -59,10 +60,10 @@ def new_workflow(recorder: Recorder) -> Iterator[Callable[[], None]]:
 def database_clock(monkeypatch: pytest.MonkeyPatch) -> Move:
     """Moves the database's clock, as the runner reads it, ``seconds`` ahead (the rows keep
     the real one: back-date a step to make it due)."""
-    real = services.db_now
+    real = clock.db_now
 
     def move(seconds: float) -> None:
-        monkeypatch.setattr(services, "db_now", lambda: real() + timedelta(seconds=seconds))
+        monkeypatch.setattr(clock, "db_now", lambda: real() + timedelta(seconds=seconds))
 
     return move
 

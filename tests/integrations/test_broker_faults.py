@@ -29,11 +29,10 @@ from kombu import Connection, Consumer, Exchange, Message, Producer, Queue
 
 import tasks_app.integrations.broker
 from tasks_app import services
-from tasks_app.engine import consuming
+from tasks_app.engine import consuming, presence
 from tasks_app.engine.backstop import Backstop
 from tasks_app.engine.dispatch import Doorbell
 from tasks_app.models import Heartbeat, Step
-from tasks_app.observability import presence
 from tests.conftest import BrokerView, backdate, only_step, worker_thread
 from tests.e2e_support import wait_for
 from tests.redis_support import PrivateRedis

@@ -15,7 +15,7 @@ from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.models import Event, Step, Task, TaskStatus
 from tasks_app.operations import selectors
-from tasks_app.operations.redaction import REDACTED, redact
+from tasks_app.redaction import REDACTED, redact
 from tests.command_support import OS_USER, lines, refused, run, status_of
 from tests.conftest import backdate, only_step
 from tests.factories import dead_task, noop

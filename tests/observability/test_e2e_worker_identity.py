@@ -21,7 +21,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 from honcho.environ import parse_procfile
 
-from tasks_app.observability import presence
+from tasks_app.engine import presence
 from tests.e2e_support import ROOT, Worker, database_url, wait_for
 
 pytestmark = [

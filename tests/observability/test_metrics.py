@@ -14,10 +14,9 @@ from django.test import Client
 
 from approvals import services as approvals
 from tasks_app import services
-from tasks_app.engine import fastpath, runner
+from tasks_app.engine import fastpath, presence, runner
 from tasks_app.exceptions import IdempotencyConflict
 from tasks_app.models import Step, StepStatus, Task, TaskStatus
-from tasks_app.observability import presence
 from tasks_app.operations import retention
 from tests.approval_support import advance, article, pending_request
 from tests.conftest import backdate, only_step

@@ -14,8 +14,8 @@ from django.db.models import F
 from django.test import Client
 
 from tasks_app import services
+from tasks_app.engine import presence
 from tasks_app.models import Heartbeat, Task, TaskStatus
-from tasks_app.observability import presence
 from tests.conftest import only_step
 from tests.e2e_support import wait_for, worker_on_test_database
 from tests.remotes import LoopbackRemote

@@ -19,10 +19,10 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from tasks_app import services
+from tasks_app.db.clock import db_now
 from tasks_app.engine import runner
-from tasks_app.engine.transitions import db_now
+from tasks_app.history import counting
 from tasks_app.models import Counter, Step, Task, TaskStatus, WorkflowSample
-from tasks_app.observability import counting
 from tasks_app.observability import workflow_figures as wf
 from tasks_app.observability import workflow_samples as ws
 from tests.conftest import backdate, only_step

@@ -26,6 +26,8 @@ from django.db import DatabaseError, connection, transaction
 
 from tasks_app import services
 from tasks_app.engine import fastpath
+from tasks_app.history import audit_chain, audit_verify
+from tasks_app.history.audit_chain import Link
 from tasks_app.models import (
     OPERATOR_EVENT_KINDS,
     AppendOnlyError,
@@ -33,8 +35,7 @@ from tasks_app.models import (
     Event,
     EventKind,
 )
-from tasks_app.operations import audit_chain, audit_verify, retention
-from tasks_app.operations.audit_chain import Link
+from tasks_app.operations import retention
 from tests.conftest import worker_thread
 from tests.console_support import login
 from tests.factories import dead_task, noop

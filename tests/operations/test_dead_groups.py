@@ -1,7 +1,7 @@
 """Dead letters grouped by cause, and what the effects ledger says before a rerun.
 
 A cause is the error class plus the message with what varies masked
-(``tasks_app.engine.fingerprints``); it is stored on the step when it dies, so ``/dead/groups/``
+(``tasks_app.models.fingerprints``); it is stored on the step when it dies, so ``/dead/groups/``
 reads an index. Each group links to its dead letters, whose bulk actions act on that group
 only. The task page and every bulk preview show each dead step's external writes: those
 that happened (a rerun skips them by key) and those in doubt (started, no outcome).
@@ -21,8 +21,8 @@ from django.urls import reverse
 from console.presenters import payload_changes
 from tasks_app import services
 from tasks_app.engine import runner
-from tasks_app.engine.fingerprints import fingerprint, masked_message
 from tasks_app.models import Effect, Step, StepStatus, Task, TaskStatus
+from tasks_app.models.fingerprints import fingerprint, masked_message
 from tasks_app.operations import listings, selectors
 from tasks_app.operations.listings import DeadFilter
 from tests.cause_support import causes, dead, dead_step

@@ -1,4 +1,4 @@
-"""The redaction rule (tasks_app.operations.redaction): which keys are secrets, how structures, free
+"""The redaction rule (tasks_app.redaction): which keys are secrets, how structures, free
 text and event data are redacted, and the setting that names the patterns."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from approvals import services as approvals
 from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.models import Event
-from tasks_app.operations.redaction import (
+from tasks_app.redaction import (
     REDACTED,
     SYSTEM_EVENT_KEYS,
     is_secret_key,

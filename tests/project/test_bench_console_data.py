@@ -56,7 +56,7 @@ def test_the_console_cells_time_the_workflow_pages_and_the_dead_letters_by_cause
 
 
 def test_the_dead_steps_carry_the_cause_their_traceback_gives() -> None:
-    from tasks_app.engine.fingerprints import fingerprint
+    from tasks_app.models.fingerprints import fingerprint
 
     last_claim = dataset.TRACEBACK.replace("{token}", "3")
     assert fingerprint(dataset.ERROR_CLASS, last_claim) == dataset.CAUSE

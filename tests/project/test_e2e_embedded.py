@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tasks_app.operations.redaction import REDACTED
+from tasks_app.redaction import REDACTED
 from tests.e2e_support import PYTHON, ROOT, Worker, manage, wait_for
 from tests.permission_tables import ACTION_CASES, PAGE_CASES
 from tests.remotes import loopback_remotes

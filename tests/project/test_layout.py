@@ -9,100 +9,11 @@ import ast
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("tasks_app", "approvals", "console", "config")
-# A module longer than this wants splitting along one of its seams (STYLE.md: a module
-# holds one concern and stays short enough to read in one sitting).
-MOST_LINES = 400
-
-
-def product_modules() -> dict[str, Path]:
-    """Every module of the product's packages but the migrations, by dotted name."""
-    modules = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            if "migrations" in path.parts:
-                continue
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            modules[".".join(parts)] = path
-    return modules
-
-
-MODULES = product_modules()
-
-
-def _is_type_checking(node: ast.stmt) -> bool:
-    if not isinstance(node, ast.If):
-        return False
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def imported_at_load(name: str) -> Iterator[str]:
-    """The product modules ``name`` imports when it is loaded: its module-level imports,
-    not those under ``TYPE_CHECKING`` nor those inside functions."""
-    path = MODULES[name]
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.parse(path.read_text()).body:
-        if _is_type_checking(node):
-            continue
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names if alias.name in MODULES)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([node.module] if node.module else [])])
-            for alias in node.names:
-                full = f"{base}.{alias.name}"
-                if full in MODULES:
-                    yield full
-                elif base in MODULES:
-                    yield base
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan's algorithm)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for successor in graph[node]:
-            if successor not in index:
-                visit(successor)
-                low[node] = min(low[node], low[successor])
-            elif successor in on_stack:
-                low[node] = min(low[node], index[successor])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in graph:
-        if node not in index:
-            visit(node)
-    return found
+from tests.layout_support import MODULES, MOST_LINES, ROOT, cycles, imported_at_load
 
 
 def test_the_product_modules_import_one_another_without_a_cycle() -> None:

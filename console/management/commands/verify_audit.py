@@ -9,9 +9,9 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from console import audit_csv
+from tasks_app.history import audit_verify
+from tasks_app.history.audit_chain import Link
 from tasks_app.management.cli import OperatorCommand, bad_input
-from tasks_app.operations import audit_verify
-from tasks_app.operations.audit_chain import Link
 
 BROKEN = 1
 

@@ -20,20 +20,18 @@ import random
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.db.models import F
 
 from tasks_app import services
+from tasks_app.demo import seeding
 from tasks_app.engine import runner
 from tasks_app.management.commands.demo_users import DEMO_USERS, create_demo_user, password_file
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 
 ACTOR = "cli:seed_demo"
-# Not the enqueuer: nobody decides on a task they enqueued, trusted callers included.
-EDITOR = "cli:demo-editor"
 
 # Left for the worker of `make run`, so the queue has depth when the console opens.
 DEMO_TASKS: list[dict[str, Any]] = [
@@ -78,10 +76,9 @@ DEMO_TASKS: list[dict[str, Any]] = [
     },
 ]
 
-# Brought to its review, sent back once, and redrafted: the editor finds revision 1
-# waiting, with the comment and what changed since revision 0.
+# Brought to its review, sent back once, and redrafted when the approvals app is installed
+# (its scenario, tasks_app.demo.seeding): the editor finds revision 1 waiting.
 REVISED_ARTICLE = "demo:publish:article-001:v1"
-CHANGE_REQUEST = "Lead with a crash story, then show how the claim and the lease prevent it."
 
 # One dead letter per error class, run here until dead. Each fails only on its first
 # claims (``fail_first`` counts claims over the step's life), so a redrive, or "Run
@@ -148,7 +145,7 @@ class Command(BaseCommand):
             error = item["payload"]["error"]
             self.stdout.write(f"  task #{task.pk} {task.workflow} ({error}): {task.status}")
         article = tasks[REVISED_ARTICLE]
-        revision = self._revise(article)
+        revision = seeding.run_scenario(seeding.REVISED_ARTICLE, article)
         article.refresh_from_db()
         waiting = f" (revision {revision})" if revision is not None else ""
         self.stdout.write(f"  task #{article.pk} {article.workflow}: {article.status}{waiting}")
@@ -202,38 +199,6 @@ class Command(BaseCommand):
             Step.objects.filter(task=task, status=StepStatus.PENDING).update(
                 available_at=F("available_at") - timedelta(minutes=1)
             )
-
-    # --- the article with a revision ------------------------------------------------------
-
-    def _revise(self, task: Task) -> int | None:
-        """Draft, send back once as ``EDITOR``, redraft: revision 1 waits for an editor.
-        Returns the revision of the request now waiting, if one is.
-
-        Each stage runs only if the previous one is where the seed left it, so a second run
-        does nothing and a decision made in the console stands.
-        """
-        if not apps.is_installed("approvals"):
-            return None
-        # The core does not import the approvals app at module level (it builds on the
-        # core, never the reverse); the demo's article needs it installed.
-        from approvals import services as approvals
-        from approvals.models import ApprovalRequest, ApprovalStatus
-
-        requests = ApprovalRequest.objects.filter(task=task)
-        if not requests.exists():
-            runner.run_task_steps(task)
-        if not requests.filter(status=ApprovalStatus.CHANGES_REQUESTED).exists():
-            first = requests.filter(status=ApprovalStatus.PENDING, revision=0).first()
-            if first is None:
-                return None
-            approvals.request_changes(first, actor=EDITOR, comment=CHANGE_REQUEST)
-        if not requests.filter(revision__gte=1).exists():
-            runner.run_task_steps(task)
-        return (
-            requests.filter(status=ApprovalStatus.PENDING)
-            .values_list("revision", flat=True)
-            .first()
-        )
 
     # --- an hour of history ---------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """``manage.py task_status``: one task, by id or idempotency key, as aligned lines for a
 person (a failing step's error as its one line) or as indented JSON (``--json``), with what
 producers and people wrote redacted as on the console's pages
-(``tasks_app.operations.redaction``)."""
+(``tasks_app.redaction``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tasks_app.exceptions import error_summary
 from tasks_app.management.cli import OperatorCommand, bad_input
 from tasks_app.management.output import line, table, when
 from tasks_app.models import Event, Step, StepStatus, Task
-from tasks_app.operations.redaction import redact, redact_text
+from tasks_app.redaction import redact, redact_text
 
 MAX_EVENTS = 1000
 # How much of an error, a result or a reason one line shows (--json has all of it).

@@ -26,8 +26,8 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models import F
 from django.db.models.functions import Now
 
+from tasks_app.db.clock import db_now
 from tasks_app.engine import consuming
-from tasks_app.engine.transitions import db_now
 from tasks_app.models import Heartbeat, Lease, StepStatus
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Verifying the audit chain (``tasks_app.operations.audit_chain``): recomputing each
+"""Verifying the audit chain (``tasks_app.history.audit_chain``): recomputing each
 operator event's hash and following each link to the one before, from the latest retention
 checkpoint (docs/audit.md); and writing that checkpoint before retention deletes chained
 events.
@@ -19,8 +19,7 @@ from typing import Any
 
 from django.db import transaction
 
-from tasks_app.models import AuditCheckpoint, Event
-from tasks_app.operations.audit_chain import (
+from tasks_app.history.audit_chain import (
     CHAINED_KINDS,
     GENESIS,
     Link,
@@ -28,6 +27,7 @@ from tasks_app.operations.audit_chain import (
     latest_checkpoint,
     lock,
 )
+from tasks_app.models import AuditCheckpoint, Event
 
 # Ids per IN (...) list, well below either database's limit on parameters.
 CHUNK = 1000

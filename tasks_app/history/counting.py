@@ -29,7 +29,7 @@ ENQUEUED = "enqueued"
 CLAIMED = "claimed"
 STEP_SECONDS = "step_seconds"
 # Events of these kinds are counted as they are written ("event:<kind>"): the rare
-# transitions and the operator actions. All of them go through transitions.record_event
+# transitions and the operator actions. All of them go through history.events.record_event
 # but one: the `cancelled` of a task whose cancel came while its step ran, which the hot
 # path's completion writes and counts itself (fastpath.complete_many).
 EVENT = "event"

@@ -18,9 +18,9 @@ short error, the reason and the delay before a retry::
 
 What a line may carry is listed here, by name: never a payload or a result. Free text (an
 error, a reason) is cut short and has the values of secret keys removed, as has any dict a
-line carries (``tasks_app.operations.redaction``, with ``REDACT_KEY_PATTERNS``).
+line carries (``tasks_app.redaction``, with ``REDACT_KEY_PATTERNS``).
 
-The hook is :func:`log_event`, which ``transitions.record_event`` calls for every event
+The hook is :func:`log_event`, which ``events.record_event`` calls for every event
 the ORM writes; the SQL batch path writes only claims, successes and the ``cancelled`` of
 a task whose cancel came while its step ran, which it logs with :func:`log_event` too
 (``fastpath.complete_many``). Its retries, dead letters and stale writes go through the ORM.
@@ -39,7 +39,7 @@ from django.db import transaction
 
 from tasks_app.exceptions import error_summary
 from tasks_app.models import OPERATOR_EVENT_KINDS, Event, EventKind, Step, Task
-from tasks_app.operations.redaction import redact, redact_text
+from tasks_app.redaction import redact, redact_text
 
 logger = logging.getLogger("tasks_app.events")
 

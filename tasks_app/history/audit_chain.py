@@ -4,7 +4,7 @@ of the operator event before it, so an event edited, deleted or inserted afterwa
 
 What is chained: the events whose kind is an operator action (``OPERATOR_EVENT_KINDS``),
 whoever wrote them (a person, a command, the system settling a cancel), all through
-:func:`transitions.record_event`. Worker events (claimed, succeeded, ...) are not: chaining
+:func:`events.record_event`. Worker events (claimed, succeeded, ...) are not: chaining
 serialises every writer on one lock; measured, 8 connections wrote 1,604 plain events/s
 but 203 chained ones, no more than one connection did (docs/audit.md). Operator actions
 are written at the pace of people.
@@ -32,7 +32,7 @@ The lock is the last one an operator transaction takes (after its task's), and n
 waits for a task or step row while holding it, so it adds no deadlock.
 
 Verifying the chain, and the checkpoint retention writes before it deletes chained events,
-are in ``tasks_app.operations.audit_verify``.
+are in ``tasks_app.history.audit_verify``.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from django.conf import settings
 REDACTED = "•••redacted•••"
 
 # The keys of Event.data the system writes itself, shown as they are: where a transition
-# records them (``transitions.record_event`` and ``settle_and_record``'s callers in leases,
+# records them (``history.events.record_event`` and ``settle_and_record``'s callers in leases,
 # sweeper, operator_actions and waiting; ``approvals``' request facts; enqueueing;
 # and the SQL twins in ``sql.py``). Every other key is producer data.
 SYSTEM_EVENT_KEYS = frozenset(
