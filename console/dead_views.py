@@ -118,6 +118,8 @@ def _lock(form: forms.BulkForm) -> None:
     """The form as its plan's preview shows it: the action cannot be changed in place (the
     template carries it as a hidden field, and the limit as read-only)."""
     form.fields["action"].widget.attrs.update({"disabled": True, "aria-describedby": "bulk-locked"})
+    for name in form.params():
+        form.fields[name].widget.attrs.update({"readonly": True, "aria-describedby": "bulk-locked"})
 
 
 def _plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
@@ -128,12 +130,14 @@ def _plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
         actor=request.user,
         reason=form.cleaned_data["reason"],
         limit=form.cleaned_data["limit"],
+        params=form.params(),
     )
     return BulkPlan.make(
         action=form.cleaned_data["action"],
         filters=form.filters(),
         limit=form.cleaned_data["limit"],
         user_id=_user_id(request),
+        params=form.params(),
     )
 
 
@@ -149,6 +153,7 @@ def _posted_plan(request: ConsoleRequest, form: forms.BulkForm) -> BulkPlan:
         action=form.cleaned_data["action"],
         filters=form.filters(),
         limit=form.cleaned_data["limit"],
+        params=form.params(),
     )
     if difference is not None:
         raise PlanRefused(f"{difference} since the preview")

@@ -1,21 +1,24 @@
-"""The console's forms: filters read from the query string, and the fields of each action.
+"""The console's forms: filters read from the query string, the bulk form, the reason
+of a queue switch and the editors' forms (the task page's action forms are made from the
+table of operator actions, ``console.action_forms``).
 
 Filters turn into the selectors' filter objects; a bad value is a form error naming the
 field. Action forms parse; the rules (a reason is required, a payload follows the input
-rules, the bulk limit) live in the services, whose :class:`InvalidInput` the views show on
-the field it names (a bulk form's limit also defaults to the service's).
+rules, a delay's range, the bulk limit) live in the services, whose :class:`InvalidInput`
+the views show on the field it names (a bulk form's limit also defaults to the service's).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
 
-from tasks_app import services, validation
+from console.action_forms import bulk_params, param_field
+from console.action_forms import parse_json as parse_json  # its home; kept for imports
+from tasks_app import services
 from tasks_app.models import EventKind, fingerprints
 from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
 from tasks_app.operations.listings import AuditFilter, DeadFilter, workflow_names
@@ -32,18 +35,6 @@ def _set_choices(form: forms.Form, **choices: list[str]) -> None:
         field = form.fields[name]
         assert isinstance(field, forms.ChoiceField)
         field.choices = _choices(values)
-
-
-def parse_json(text: str, field: str) -> Any:
-    """``text`` parsed as JSON, or a form error naming ``field`` and the rule."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise forms.ValidationError(
-            f"{field}: nesting deeper than {validation.MAX_DEPTH} levels"
-        ) from None
-    except ValueError as exc:
-        raise forms.ValidationError(f"{field}: not valid JSON ({exc})") from None
 
 
 class _Filter(forms.Form):
@@ -208,44 +199,11 @@ class ReasonForm(forms.Form):
     )
 
 
-class CancelForm(ReasonForm):
-    # Offered while a task is at work, when its page refreshes every few seconds: a
-    # reason being typed is kept across the refreshes, which go on.
-    reason = forms.CharField(
-        required=False,
-        max_length=2000,
-        widget=forms.Textarea({"rows": 2, "hx-preserve": "true", "required": True}),
-    )
-
-
-class RedriveForm(ReasonForm):
-    payload = forms.CharField(
-        required=False,
-        max_length=200_000,
-        widget=forms.Textarea({"rows": 8, "spellcheck": "false"}),
-        help_text="Leave empty to keep the payload; a JSON object replaces it.",
-    )
-
-    def clean_payload(self) -> dict[str, Any] | None:
-        raw: str = self.cleaned_data["payload"].strip()
-        if not raw:
-            return None
-        value = parse_json(raw, "payload")
-        if not isinstance(value, dict):
-            raise forms.ValidationError("payload: must be a JSON object")
-        return value
-
-
-class ResolveForm(ReasonForm):
-    outcome = forms.ChoiceField(
-        required=False, choices=[("done", "it happened"), ("retry", "it did not")]
-    )
-
-
 class BulkForm(ReasonForm):
     """A bulk action on the dead letters a filter selects. Without ``confirm=1`` it only
     previews; with it, it applies the signed ``plan`` its preview made."""
 
+    # Every row of the actions' table, by the label its buttons give it.
     action = forms.ChoiceField(choices=[(spec.name.value, spec.label) for spec in ACTIONS.values()])
     limit = forms.IntegerField(min_value=1, required=False)
     # Only the literal "1" confirms; anything else ("0", "no", "true") previews.
@@ -259,6 +217,27 @@ class BulkForm(ReasonForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _set_choices(self, workflow=workflow_names(), queue=list(settings.TASKS_QUEUES))
+        # The parameters actions take for many tasks (a delay), after the reason: each is
+        # sent to the service only for an action that takes it (``params``).
+        for param in bulk_params():
+            field = self.fields[param.name] = param_field(param)
+            # Asked for only by some actions: the label names them, the service requires it.
+            field.widget.attrs.pop("required", None)
+            takers = [spec.label for spec in ACTIONS.values() if param in spec.bulk_params]
+            field.label = f"{param.label} (for {', '.join(takers)})"
+
+    @property
+    def param_fields(self) -> list[forms.BoundField]:
+        return [self[param.name] for param in bulk_params()]
+
+    def params(self) -> dict[str, Any]:
+        """The parameters the chosen action takes, as given (the service checks them)."""
+        spec = ACTIONS[self.cleaned_data["action"]]
+        return {
+            param.name: self.cleaned_data.get(param.name, "")
+            for param in spec.bulk_params
+            if param.name != "reason"
+        }
 
     def clean_limit(self) -> int:
         limit: int | None = self.cleaned_data.get("limit")

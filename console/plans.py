@@ -12,7 +12,7 @@ nothing, even while its token is still valid.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -50,9 +50,19 @@ class BulkPlan:
     # How many matched at preview (more than ``ids`` when the limit cut them).
     matched: int
     user_id: int
+    # The action's parameters as the preview was asked for them (a delay), as typed.
+    params: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def make(cls, *, action: str, filters: DeadFilter, limit: int, user_id: int) -> BulkPlan:
+    def make(
+        cls,
+        *,
+        action: str,
+        filters: DeadFilter,
+        limit: int,
+        user_id: int,
+        params: dict[str, Any] | None = None,
+    ) -> BulkPlan:
         matching = listings.dead_tasks(filters).order_by("id")
         return cls(
             id=services.new_plan_id(),
@@ -62,6 +72,7 @@ class BulkPlan:
             ids=tuple(matching.values_list("pk", flat=True)[:limit]),
             matched=matching.count(),
             user_id=user_id,
+            params=dict(params or {}),
         )
 
     @property
@@ -101,10 +112,21 @@ class BulkPlan:
             raise PlanRefused("this preview was made by someone else: preview again")
         return plan
 
-    def difference(self, *, action: str, filters: DeadFilter, limit: int) -> str | None:
+    def difference(
+        self,
+        *,
+        action: str,
+        filters: DeadFilter,
+        limit: int,
+        params: dict[str, Any] | None = None,
+    ) -> str | None:
         """What the confirming form asks differently from the plan, or None."""
         if action != self.action:
             return f"the action changed from {self.label} to {ACTIONS[action].label}"
+        asked = params or {}
+        changed = sorted(k for k in {*asked, *self.params} if asked.get(k) != self.params.get(k))
+        if changed:
+            return f"the {', '.join(changed)} changed"
         if filters != self.filters:
             return "the filter changed"
         if limit != self.limit:
@@ -117,7 +139,9 @@ class BulkPlan:
         task); the others are skipped and reported, and no other task is touched. Once:
         a refusal (a reason missing) leaves the plan to confirm again, an application
         spends it (:meth:`spend`)."""
-        services.check_bulk(self.action, actor=actor, reason=reason, limit=self.limit)
+        services.check_bulk(
+            self.action, actor=actor, reason=reason, limit=self.limit, params=self.params
+        )
         self.spend()
         qualifying = set(
             listings.dead_tasks(self.filters).filter(pk__in=self.ids).values_list("pk", flat=True)
@@ -129,6 +153,7 @@ class BulkPlan:
             reason=reason,
             limit=self.limit,
             plan=self.id,
+            params=self.params,
         )
         gone = [
             (pk, f"task #{pk} is no longer a dead letter matching the filter")

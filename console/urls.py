@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.urls import path
 
 from console import dead_views, record_views, review_views, views, workflow_views
+from console.action_forms import FORMS_BY_URL
 
 app_name = "console"
 
@@ -14,9 +15,11 @@ urlpatterns = [
     path("tasks/", views.task_list, name="tasks"),
     path("tasks/go/", views.task_go, name="task_go"),
     path("tasks/<int:pk>/", views.task_detail, name="task"),
-    path("tasks/<int:pk>/redrive/", views.task_redrive, name="task_redrive"),
-    path("tasks/<int:pk>/resolve/", views.task_resolve, name="task_resolve"),
-    path("tasks/<int:pk>/cancel/", views.task_cancel, name="task_cancel"),
+    # One POST per form of the operator actions' table: redrive, resolve, cancel, ...
+    *(
+        path(f"tasks/<int:pk>/{url}/", views.task_act, {"form": url}, name=f"task_{url}")
+        for url in FORMS_BY_URL
+    ),
     path("dead/", dead_views.dead_letters, name="dead"),
     path("dead/groups/", dead_views.dead_groups, name="dead_groups"),
     path("dead/bulk/", dead_views.dead_bulk, name="dead_bulk"),

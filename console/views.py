@@ -21,6 +21,7 @@ from typing import Any, Concatenate
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.forms import Form
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
@@ -31,13 +32,15 @@ from django_htmx.middleware import HtmxDetails
 
 from approvals import selectors as approval_selectors
 from approvals.services import DECIDE_PERMISSION
+from console import action_forms as action_forms_module
 from console import charts, errors, forms, presenters
 from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.engine import presence
+from tasks_app.exceptions import InvalidInput
 from tasks_app.models import Task, TaskStatus
 from tasks_app.operations import listings, selectors
-from tasks_app.operations.task_actions import ACTIONS, Action
+from tasks_app.operations.task_actions import ACTIONS
 
 
 class ConsoleRequest(HttpRequest):
@@ -200,25 +203,37 @@ def _task_page(
     detail = selectors.task_detail(task)
     end = task.finished_at or detail.now
     lanes = charts.attempt_lanes(detail.steps, start=task.created_at, end=end)
+    actions = selectors.task_actions(detail, request.user)
+    offered = action_forms_module.page_forms(actions.offered)
+    bound = {
+        f"{made.key}_form": (action_forms or {}).get(f"{made.key}_form")
+        or made.bind(initial=_initial(made, task))
+        for made in offered
+    }
     context = {
         "d": detail,
         "task": task,
-        "actions": selectors.task_actions(detail, request.user),
+        "actions": actions,
+        # The offered actions' forms, each with its bound form: the template loops over them.
+        "page_forms": [(made, bound[f"{made.key}_form"]) for made in offered],
         "lanes": lanes,
         "error": error,
-        "redrive_form": _action_form("redrive_form"),
-        # Secrets stay hidden in the editor too; a redrive puts back what was not changed.
-        "changes_form": _action_form(
-            "changes_form", initial={"payload": presenters.pretty_json(task.payload)}
-        ),
-        "resolve_form": _action_form("resolve_form"),
-        "cancel_form": _action_form("cancel_form"),
-        **(action_forms or {}),
+        **bound,
         # Every few seconds while the task is at work; slower while it is dead (someone
         # may redrive or cancel it elsewhere); not once it has ended.
         "refresh": REFRESH_SECONDS.get(task.status),
     }
     return render_page(request, "console/task_detail.html", context, partial="task", status=status)
+
+
+def _initial(made: action_forms_module.PageForm, task: Task) -> dict[str, Any]:
+    """What a form starts with: a JSON parameter shows the task's value (its payload), with
+    secrets hidden; a redrive puts back what was not changed."""
+    return {
+        param.name: presenters.pretty_json(getattr(task, param.name))
+        for param in made.params
+        if param.kind == "json"
+    }
 
 
 # How often a task page in each state refreshes itself, in seconds.
@@ -230,94 +245,53 @@ REFRESH_SECONDS: dict[str, int] = {
 }
 
 
-# The task page's action forms share field names (the URL contract's ``reason``), so each
-# has its own element ids.
-ACTION_FORMS: dict[str, tuple[type[forms.ReasonForm], str]] = {
-    "redrive_form": (forms.RedriveForm, "redrive_%s"),
-    "changes_form": (forms.RedriveForm, "changes_%s"),
-    "resolve_form": (forms.ResolveForm, "resolve_%s"),
-    "cancel_form": (forms.CancelForm, "cancel_%s"),
-}
-
-
-def _action_form(name: str, data: Any = None, **kwargs: Any) -> forms.ReasonForm:
-    form_class, auto_id = ACTION_FORMS[name]
-    return form_class(data, auto_id=auto_id, **kwargs)
-
-
-def _task_action(
-    request: ConsoleRequest,
-    pk: int,
-    form_name: str,
-    act: Callable[[Task, dict[str, Any]], object],
-    done: str,
-) -> HttpResponse:
-    """Run one operator action on a task and answer with its page."""
+@require_POST
+@view_tasks
+def task_act(request: ConsoleRequest, pk: int, form: str) -> HttpResponse:
+    """Take the operator action a task page form posts (``/tasks/<id>/<form>/``; a
+    shared form's button says which of its actions) and answer with the task's page. A
+    one-task parameter given (an edited payload) makes it that parameter's form, so an
+    error shows where it was typed."""
+    made = action_forms_module.FORMS_BY_URL[form]
+    if not any(request.user.has_perm(f"tasks_app.{spec.permission}") for spec in made.specs):
+        raise PermissionDenied
     task = get_object_or_404(Task, pk=pk)
-    form = _action_form(form_name, request.POST)
-    if not form.is_valid():
-        return _task_page(request, task, status=400, action_forms={form_name: form})
+    for variant in action_forms_module.ALL_PAGE_FORMS:
+        one_task = [p.name for p in variant.params if p.variant]
+        if variant.url == form and any(request.POST.get(n, "").strip() for n in one_task):
+            made = variant
+    bound = made.bind(request.POST)
+    name = f"{made.key}_form"
+    if not bound.is_valid():
+        return _task_page(request, task, status=400, action_forms={name: bound})
     try:
-        act(task, form.cleaned_data)
+        spec = made.chosen(request.POST)
+        if spec is None:
+            raise _no_button(made)
+        params: dict[str, Any] = {}
+        for param in made.params:
+            value = bound.cleaned_data.get(param.name)
+            if param.kind == "json" and value is not None:
+                # Redacted values keep what they hide unless replaced.
+                value = presenters.restore_redacted(value, getattr(task, param.name))
+            if value not in (None, "") or param.required:
+                params[param.name] = value
+        services.run_action(spec.name, task, actor=request.user, **params)
     except errors.REFUSED as exc:
-        refused = errors.refusal(request, exc, form)
+        refused = errors.refusal(request, exc, bound)
         task.refresh_from_db()
         return _task_page(
-            request,
-            task,
-            status=refused.status,
-            error=refused.message,
-            action_forms={form_name: form},
+            request, task, status=refused.status, error=refused.message, action_forms={name: bound}
         )
-    messages.success(request, f"Task #{task.pk}: {done}.")
+    messages.success(request, f"Task #{task.pk}: {spec.done}.")
     if request.htmx:
         task.refresh_from_db()
         return _task_page(request, task)
     return redirect("console:task", pk=task.pk)
 
 
-@require_POST
-@view_tasks
-@permission_required(f"tasks_app.{ACTIONS[Action.REDRIVE].permission}", raise_exception=True)
-def task_redrive(request: ConsoleRequest, pk: int) -> HttpResponse:
-    form_name = "changes_form" if request.POST.get("payload", "").strip() else "redrive_form"
-    return _task_action(
-        request,
-        pk,
-        form_name,
-        lambda task, data: services.redrive(
-            task,
-            actor=request.user,
-            reason=data["reason"],
-            payload=presenters.restore_redacted(data["payload"], task.payload),
-        ),
-        "redriven",
-    )
-
-
-@require_POST
-@view_tasks
-@permission_required(f"tasks_app.{ACTIONS[Action.RESOLVE_DONE].permission}", raise_exception=True)
-def task_resolve(request: ConsoleRequest, pk: int) -> HttpResponse:
-    return _task_action(
-        request,
-        pk,
-        "resolve_form",
-        lambda task, data: services.resolve(
-            task, actor=request.user, reason=data["reason"], outcome=data["outcome"]
-        ),
-        "resolved",
-    )
-
-
-@require_POST
-@view_tasks
-@permission_required(f"tasks_app.{ACTIONS[Action.CANCEL].permission}", raise_exception=True)
-def task_cancel(request: ConsoleRequest, pk: int) -> HttpResponse:
-    return _task_action(
-        request,
-        pk,
-        "cancel_form",
-        lambda task, data: services.cancel(task, actor=request.user, reason=data["reason"]),
-        "cancel requested",
-    )
+def _no_button(made: action_forms_module.PageForm) -> InvalidInput:
+    """A shared form posted without one of its buttons' values."""
+    key = next(iter(made.specs[0].fixed), "action")
+    values = " or ".join(repr(spec.fixed.get(key, spec.name)) for spec in made.specs)
+    return InvalidInput(key, "choice", f"{key}: must be {values}")

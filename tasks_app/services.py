@@ -57,12 +57,14 @@ from tasks_app.operations.operator_actions import (
     bulk_limit,
     cancel,
     check_bulk,
+    check_params,
     new_plan_id,
     pause_queue,
     paused_queues,
     redrive,
     resolve,
     resume_queue,
+    run_action,
 )
 
 __all__ = [
@@ -83,6 +85,7 @@ __all__ = [
     "bump_counter",
     "cancel",
     "check_bulk",
+    "check_params",
     "check_permission",
     "claim_step",
     "close_approval_step",
@@ -111,6 +114,7 @@ __all__ = [
     "resolve",
     "resume_queue",
     "revise",
+    "run_action",
     "step_context",
     "step_inputs",
     "sweep",

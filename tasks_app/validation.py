@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from datetime import datetime
+import re
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -194,3 +195,31 @@ def require_text(value: Any, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(field, "required", f"{field}: is required and may not be empty")
     return value.strip()
+
+
+# How far ahead an operator may put off a dead step's next run (``redrive_later``).
+MAX_DELAY = timedelta(days=7)
+DELAY_RULE = (
+    "more than 0 and at most 7 days: minutes (15), or a number and s, m, h or d (90s, 5m, 1h, 2d)"
+)
+_DELAY_TEXT = re.compile(r"(\d{1,9})\s*([smhd]?)")
+_DELAY_UNITS = {"": "minutes", "s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def validate_delay(value: Any, *, field: str = "delay") -> timedelta:
+    """A delay as a :class:`timedelta`, from a timedelta, a whole number of seconds or
+    text as people type it (``15`` minutes, ``90s``, ``5m``, ``1h``, ``2d``); more than 0
+    and at most :data:`MAX_DELAY`, else :class:`InvalidInput` naming ``field``."""
+    if isinstance(value, str):
+        match = _DELAY_TEXT.fullmatch(value.strip().lower())
+        if match is None:
+            raise InvalidInput(field, "format", f"{field}: {DELAY_RULE}")
+        value = timedelta(**{_DELAY_UNITS[match[2]]: int(match[1])})
+    elif isinstance(value, int) and not isinstance(value, bool):
+        # Clamped first: a huge number of seconds is no timedelta at all.
+        value = timedelta(seconds=max(-1, min(value, MAX_DELAY.total_seconds() + 1)))
+    if not isinstance(value, timedelta):
+        raise InvalidInput(field, "format", f"{field}: {DELAY_RULE}")
+    if not timedelta(0) < value <= MAX_DELAY:
+        raise InvalidInput(field, "range", f"{field}: {DELAY_RULE}")
+    return value

@@ -13,7 +13,7 @@ from django.utils.safestring import mark_safe
 from approvals import models as approval_models
 from approvals.models import ApprovalRequest
 from console import presenters
-from tasks_app.operations.task_actions import ACTIONS
+from tasks_app.operations.task_actions import ACTIONS, ActionSpec
 
 register = template.Library()
 
@@ -21,6 +21,14 @@ register = template.Library()
 @register.filter
 def duration(value: timedelta | None) -> str:
     return presenters.short_duration(value)
+
+
+@register.filter
+def seconds_duration(value: Any) -> str:
+    """A number of seconds as a duration (``delay_seconds`` of 900 as ``15 min``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "—"
+    return presenters.short_duration(timedelta(seconds=value))
 
 
 @register.filter
@@ -58,6 +66,12 @@ def label(value: str | None) -> str:
 def action_label(value: str) -> str:
     """An operator action by the name its buttons give it: ``resolve_done`` as ``Mark done``."""
     return ACTIONS[value].label
+
+
+@register.filter
+def action_spec(value: str) -> ActionSpec:
+    """An operator action's row of the table (``task_actions.ACTIONS``)."""
+    return ACTIONS[value]
 
 
 @register.filter

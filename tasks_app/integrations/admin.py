@@ -22,7 +22,13 @@ from django.utils.safestring import SafeString
 
 from tasks_app import services
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, NotPermitted
-from tasks_app.integrations.admin_forms import EnqueueForm, ReasonForm, add_input_error
+from tasks_app.integrations.admin_forms import (
+    EnqueueForm,
+    ReasonForm,
+    action_form,
+    action_params,
+    add_input_error,
+)
 from tasks_app.integrations.admin_parts import (
     OPERATOR_ACTIONS,
     OperatorAction,
@@ -34,9 +40,9 @@ from tasks_app.integrations.admin_parts import (
     html_table,
     json_block,
     text_block,
+    with_operator_actions,
 )
 from tasks_app.models import Event, Lease, Step, Task
-from tasks_app.operations.task_actions import Action
 from tasks_app.redaction import redact_text
 
 # The admin's classes are generic only to the type checker (subscripting them at run time
@@ -93,6 +99,7 @@ class StepInline(ReadOnlyMixin, TabularInline):
 
 
 @admin.register(Task)
+@with_operator_actions
 class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
     list_display = (
         "id",
@@ -112,8 +119,8 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
     list_per_page = 50
     show_full_result_count = False
     inlines = (StepInline,)
-    # The operator actions (each a method below, by its name).
-    actions = tuple(OPERATOR_ACTIONS)
+    # The operator actions: one per row of the table, with its permission check
+    # (``with_operator_actions``).
     add_form_template = "admin/tasks_app/task/add_form.html"
     fields = (
         "console_link",
@@ -155,15 +162,6 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         codename = get_permission_codename("add", self.opts)
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
-
-    def has_redrive_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("tasks_app.redrive_task")
-
-    def has_resolve_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("tasks_app.resolve_task")
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("tasks_app.cancel_task")
 
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         # Tasks are made by services.enqueue only (see add_view); no model form saves one.
@@ -269,22 +267,6 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
                 raise PermissionDenied
         return super().changelist_view(request, extra_context)
 
-    @admin.action(description="Redrive selected tasks", permissions=["redrive"])
-    def redrive(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse | None:
-        return self._operator_action(request, queryset, OPERATOR_ACTIONS[Action.REDRIVE])
-
-    @admin.action(description="Mark done: resolve selected dead tasks", permissions=["resolve"])
-    def resolve_done(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse | None:
-        return self._operator_action(request, queryset, OPERATOR_ACTIONS[Action.RESOLVE_DONE])
-
-    @admin.action(description="Run again: resolve selected dead tasks", permissions=["resolve"])
-    def resolve_retry(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse | None:
-        return self._operator_action(request, queryset, OPERATOR_ACTIONS[Action.RESOLVE_RETRY])
-
-    @admin.action(description="Cancel selected tasks", permissions=["cancel"])
-    def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse | None:
-        return self._operator_action(request, queryset, OPERATOR_ACTIONS[Action.CANCEL])
-
     def _operator_action(
         self, request: HttpRequest, queryset: QuerySet[Task], action: OperatorAction
     ) -> HttpResponse | None:
@@ -302,7 +284,7 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
                 request, f"Select at most {limit} tasks for one action.", messages.ERROR
             )
             return None
-        form = ReasonForm(request.POST if "confirm" in request.POST else None)
+        form = action_form(action, request.POST if "confirm" in request.POST else None)
         if form.is_valid():
             try:
                 report = services.act_on_tasks(
@@ -311,6 +293,7 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
                     actor=request.user,
                     reason=form.cleaned_data["reason"],
                     limit=len(tasks),
+                    params=action_params(form),
                 )
             except NotPermitted as exc:
                 self.message_user(
@@ -337,6 +320,7 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
             "action": action,
             "tasks": tasks,
             "form": form,
+            "param_fields": [form[name] for name in form.fields if name != "reason"],
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
         }

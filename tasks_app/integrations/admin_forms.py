@@ -19,6 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from tasks_app.exceptions import InvalidInput
+from tasks_app.operations.task_actions import ActionSpec
 from tasks_app.validation import MAX_PRIORITY, MIN_PRIORITY
 from tasks_app.workflows import PayloadValidator, Workflow, registry, unknown_workflow
 
@@ -220,3 +221,27 @@ class ReasonForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "required": True}),
         help_text="Recorded with each task's event: who did what, and why.",
     )
+
+
+def action_form(spec: ActionSpec, data: Any = None) -> ReasonForm:
+    """The confirmation form of an operator action: the reason, then each parameter the
+    action takes for many tasks (a delay), as text the service reads and checks."""
+    fields: dict[str, forms.Field] = {
+        param.name: forms.CharField(
+            required=False,
+            max_length=200,
+            label=param.label,
+            help_text=param.help,
+            widget=forms.TextInput(attrs={"size": 12, "required": param.required}),
+        )
+        for param in spec.bulk_params
+        if param.name != "reason"
+    }
+    form_class = type(f"{spec.name.title()}Form", (ReasonForm,), fields)
+    form: ReasonForm = form_class(data)
+    return form
+
+
+def action_params(form: forms.Form) -> dict[str, Any]:
+    """The parameters a valid confirmation form gives, as the bulk service takes them."""
+    return {name: form.cleaned_data[name] for name in form.fields if name != "reason"}

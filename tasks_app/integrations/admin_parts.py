@@ -5,7 +5,6 @@ people wrote redacted (``tasks_app.redaction``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -21,7 +20,7 @@ from django.utils.safestring import SafeString
 
 from tasks_app.exceptions import IdempotencyConflict
 from tasks_app.models import Event, Task
-from tasks_app.operations.task_actions import ACTIONS, Action
+from tasks_app.operations.task_actions import ACTIONS, ActionSpec
 from tasks_app.redaction import redact_event_data, redact_text, redacted_json
 from tasks_app.workflows import registry
 
@@ -116,53 +115,46 @@ REDACTED_LOOKUP_RULE = (
 # --- operator actions --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OperatorAction:
-    """An action of the changelist: ``name`` is its key in ``services.BULK_ACTIONS`` and
-    its label the one every page uses (``task_actions.ACTIONS``)."""
-
-    name: Action
-    done: str
-    explanation: str
-
-    @property
-    def label(self) -> str:
-        return ACTIONS[self.name].label
+# The changelist's operator actions: one per row of ``task_actions.ACTIONS``, by its name.
+OperatorAction = ActionSpec
+OPERATOR_ACTIONS = ACTIONS
 
 
-OPERATOR_ACTIONS = {
-    action.name: action
-    for action in (
-        OperatorAction(
-            Action.REDRIVE,
-            "redriven",
-            "Each dead step runs again with a fresh attempt budget and the same step key "
-            "(an approval step gets a new request). Tasks without a dead step, or whose "
-            "step's outcome is unknown (resolve those), are skipped.",
-        ),
-        OperatorAction(
-            Action.RESOLVE_DONE,
-            "marked done",
-            "It happened: each task's first dead step is marked succeeded, with the reason "
-            "as its note, and the task continues. Approval steps cannot be marked done; "
-            "tasks without a dead step are skipped.",
-        ),
-        OperatorAction(
-            Action.RESOLVE_RETRY,
-            "sent to run again",
-            "It did not happen: each task's first dead step runs again, and its unfinished "
-            "side effects are forgotten so the next attempt calls the remote again. Only for "
-            "a step whose outcome is unknown; other tasks are skipped (redrive those).",
-        ),
-        OperatorAction(
-            Action.CANCEL,
-            "cancelled",
-            "Pending, blocked, waiting and dead steps are cancelled; a running step is asked "
-            "to stop. Completed side effects are not undone. Tasks that already succeeded or "
-            "were cancelled are skipped.",
-        ),
+def permission_name(spec: ActionSpec) -> str:
+    """The short name of an action's permission, as the admin's ``has_<name>_permission``
+    says it: ``redrive`` for ``redrive_task``."""
+    return spec.permission.removesuffix("_task")
+
+
+def with_operator_actions[AdminT: type[admin.ModelAdmin[Any]]](cls: AdminT) -> AdminT:
+    """Give a task admin one changelist action per row of the table (a method named as the
+    action, calling ``cls._operator_action``) and a ``has_<name>_permission`` check per
+    permission the rows need (unless the class has its own)."""
+    for spec in ACTIONS.values():
+        short = permission_name(spec)
+        if not hasattr(cls, f"has_{short}_permission"):
+            setattr(cls, f"has_{short}_permission", _permission_check(spec.permission))
+        setattr(cls, spec.name, _admin_action(spec, short))
+    setattr(cls, "actions", tuple(ACTIONS))  # noqa: B010 (a generic class attribute)
+    return cls
+
+
+def _permission_check(permission: str) -> Any:
+    def check(self: Any, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"tasks_app.{permission}")
+
+    return check
+
+
+def _admin_action(spec: ActionSpec, permission: str) -> Any:
+    def act(self: Any, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse | None:
+        result: HttpResponse | None = self._operator_action(request, queryset, spec)
+        return result
+
+    act.__name__ = spec.name
+    return admin.action(description=f"{spec.label}: the selected tasks", permissions=[permission])(
+        act
     )
-}
 
 
 def conflict_message(exc: IdempotencyConflict) -> SafeString | str:

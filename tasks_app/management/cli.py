@@ -25,8 +25,9 @@ from django.db.models import QuerySet
 
 from tasks_app import services, validation
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, InvalidTransition, NotPermitted
-from tasks_app.models import Event, Step, Task, TaskStatus, fingerprints
+from tasks_app.models import Event, Step, Task, fingerprints
 from tasks_app.operations import listings
+from tasks_app.operations.task_actions import ACTIONS
 
 BAD_INPUT = 2
 REFUSALS = (InvalidInput, IdempotencyConflict, InvalidTransition, NotPermitted)
@@ -183,7 +184,28 @@ def _read(stream: IO[Any], name: str) -> str:
         raise bad_input(f"payload: {name} is not valid UTF-8") from None
 
 
-# --- redrive, resolve and cancel ------------------------------------------------------------
+# --- the operator actions: redrive, resolve, cancel, task_action ------------------------------
+
+
+def add_param_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """A ``--<name>`` option for each parameter (but the reason) the named actions take
+    for many tasks, with the table's help."""
+    seen: set[str] = set()
+    for name in names:
+        for param in ACTIONS[name].bulk_params:
+            if param.name in {"reason", *seen}:
+                continue
+            seen.add(param.name)
+            parser.add_argument(f"--{param.name.replace('_', '-')}", help=param.help)
+
+
+def action_params(action: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The parameters given (any the table knows but the reason), as the bulk service
+    checks them: one ``action`` does not take is refused there, naming it."""
+    names = {param.name for spec in ACTIONS.values() for param in spec.bulk_params}
+    return {
+        name: options[name] for name in sorted(names - {"reason"}) if options.get(name) is not None
+    }
 
 
 class TaskActionCommand(OperatorCommand):
@@ -191,10 +213,10 @@ class TaskActionCommand(OperatorCommand):
     :func:`services.act_on_tasks`: one transaction and one event per task; a task the
     action does not apply to (any more) is skipped and reported."""
 
-    # The statuses the action applies to: what a filter selects from.
-    statuses: tuple[str, ...] = (TaskStatus.DEAD,)
     # How many ids a dry run lists.
     PREVIEW = 20
+    # The statuses the action applies to (its row's ``targets``), set when it runs.
+    statuses: tuple[str, ...] = ()
 
     def action(self, options: dict[str, Any]) -> str:
         raise NotImplementedError
@@ -241,9 +263,14 @@ class TaskActionCommand(OperatorCommand):
         actor = actor_from(options["actor"])
         limit = options["limit"] or services.bulk_limit()
         reason = options["reason"] or ""
-        # The checks of a real run (the reason, the limit), made on no tasks: a dry run is
-        # refused exactly when the run would be, and before anything is read.
-        services.act_on_tasks([], action=action, actor=actor, reason=reason, limit=limit)
+        params = action_params(action, options)
+        # The statuses the action applies to: what a filter selects from.
+        self.statuses = ACTIONS[action].targets
+        # The checks of a real run (the reason, the parameters, the limit), made on no
+        # tasks: a dry run is refused exactly when the run would be, before anything is read.
+        services.act_on_tasks(
+            [], action=action, actor=actor, reason=reason, limit=limit, params=params
+        )
         ids = unique(options["ids"])
         filters = self._filters(options)
         if ids and filters:
@@ -268,7 +295,12 @@ class TaskActionCommand(OperatorCommand):
             self._preview(action, applicable, ids, limit)
             return
         report = services.act_on_tasks(
-            chosen[: limit + 1], action=action, actor=actor, reason=reason, limit=limit
+            chosen[: limit + 1],
+            action=action,
+            actor=actor,
+            reason=reason,
+            limit=limit,
+            params=params,
         )
         self._summarise(report, limit)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -35,20 +35,26 @@ from tasks_app.operations.task_actions import ACTIONS, Action, refusal
 from tasks_app.signals import steps_cancelled
 
 
-def _run_again(step: Step, now: datetime) -> None:
-    """A dead step becomes due now with a fresh attempt budget; its token keeps rising."""
-    make_due(step, now, fresh_budget=True)
+def _run_again(step: Step, now: datetime, delay: timedelta | None = None) -> None:
+    """A dead step becomes due now (or after ``delay``) with a fresh attempt budget; its
+    token keeps rising. One due later than a doorbell's countdown reaches is left unrung:
+    the sweeper rings it once it is due (``states.make_due``)."""
+    make_due(step, now, delay=delay.total_seconds() if delay else 0, fresh_budget=True)
 
 
-def _ring_or_open(task: Task, steps: Sequence[Step], *, actor: Actor) -> None:
-    """After a redrive or a resolve: ring for the steps made due, and open the request of
-    an approval step among them (no worker runs one)."""
+def _ring_or_open(
+    task: Task, steps: Sequence[Step], *, actor: Actor, delay: timedelta | None = None
+) -> None:
+    """After a redrive or a resolve: ring for the steps made due (with the delay as the
+    countdown, when a doorbell reaches that far), and open the request of an approval step
+    among them (no worker runs one)."""
+    countdown = delay.total_seconds() if delay is not None else 0.0
     bells = []
     for step in steps:
         if is_approval(task, step.position):
             open_approval_step(task, step, actor=actor)
-        else:
-            bells.append(Doorbell(step.pk, step.queue))
+        elif step.dispatched_at is not None:
+            bells.append(Doorbell(step.pk, step.queue, countdown))
     ring_on_commit(bells)
 
 
@@ -81,11 +87,16 @@ def redrive(
     actor: Actor,
     reason: str,
     payload: dict[str, Any] | None = None,
+    delay: timedelta | int | str | None = None,
     plan: str | None = None,
 ) -> Task:
-    """Make a dead task runnable again: fresh attempt budget, same step key, rising token."""
+    """Make a dead task runnable again: fresh attempt budget, same step key, rising token.
+    With ``delay`` (a timedelta, seconds, or text such as ``15m``; more than 0, at most 7
+    days) the dead steps become due that long after now by the database's clock, and the
+    event records it as ``delay_seconds`` (``redrive_later``)."""
     check_permission(actor, "redrive_task")
     reason = validation.require_text(reason, "reason")
+    wait = validation.validate_delay(delay) if delay is not None else None
     canonical = validation.validate_payload(payload) if payload is not None else None
     flow = registry.get(task.workflow, task.workflow_version)
     if payload is not None and flow is not None:
@@ -93,11 +104,13 @@ def redrive(
         flow.check_payload(payload)
     with transaction.atomic():
         locked = lock_task(task.pk)
-        dead = _dead_steps(locked, Action.REDRIVE)
+        dead = _dead_steps(locked, Action.REDRIVE if wait is None else Action.REDRIVE_LATER)
         now = db_now()
         for step in dead:
-            _run_again(step, now)
+            _run_again(step, now, wait)
         data: dict[str, Any] = _plan_data(plan)
+        if wait is not None:
+            data["delay_seconds"] = int(wait.total_seconds())
         if canonical is not None:
             # An undecodable old payload is kept as a note saying so: the event stays
             # decodable (an edit is how a person mends such a task).
@@ -113,7 +126,7 @@ def redrive(
             steps=dead,
             **data,
         )
-        _ring_or_open(locked, dead, actor=actor)
+        _ring_or_open(locked, dead, actor=actor, delay=wait)
     return locked
 
 
@@ -251,11 +264,19 @@ class BulkReport:
     plan: str = ""
 
 
+def run_action(action: str, task: Task, **kwargs: Any) -> Task:
+    """Take ``action`` (a row of ``task_actions.ACTIONS``) on one task through its
+    service, with the row's fixed arguments (resolve's outcome) and ``kwargs`` (``actor``,
+    ``reason``, ``plan`` and the row's parameters)."""
+    spec = ACTIONS[action]
+    service: Callable[..., Task] = globals()[spec.service]
+    return service(task, **spec.fixed, **kwargs)
+
+
+# Every action of the table, by name, as the bulk entry runs it (kept for callers of the
+# earlier dictionary of bulk actions).
 BULK_ACTIONS: dict[str, Callable[..., Task]] = {
-    Action.REDRIVE: lambda task, **kw: redrive(task, **kw),
-    Action.RESOLVE_DONE: lambda task, **kw: resolve(task, outcome="done", **kw),
-    Action.RESOLVE_RETRY: lambda task, **kw: resolve(task, outcome="retry", **kw),
-    Action.CANCEL: lambda task, **kw: cancel(task, **kw),
+    name: (lambda task, _name=name, **kw: run_action(_name, task, **kw)) for name in ACTIONS
 }
 
 
@@ -263,16 +284,48 @@ def new_plan_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def check_bulk(action: str, *, actor: Actor, reason: str, limit: int) -> str:
+def check_bulk(
+    action: str,
+    *,
+    actor: Actor,
+    reason: str,
+    limit: int,
+    params: Mapping[str, Any] | None = None,
+) -> str:
     """The checks of a bulk action made before anything is read or changed: the action,
-    the permission, the reason and the limit. Returns the reason, stripped."""
-    if action not in BULK_ACTIONS:
-        raise InvalidInput("action", "choice", f"action: one of {', '.join(BULK_ACTIONS)}")
-    check_permission(actor, ACTIONS[action].permission)
+    the permission, the reason, the action's parameters and the limit. Returns the
+    reason, stripped."""
+    if action not in ACTIONS:
+        raise InvalidInput("action", "choice", f"action: one of {', '.join(ACTIONS)}")
+    spec = ACTIONS[action]
+    check_permission(actor, spec.permission)
     reason = validation.require_text(reason, "reason")
+    check_params(action, params or {})
     if not 1 <= limit <= bulk_limit():
         raise InvalidInput("limit", "range", f"limit: from 1 to {bulk_limit()} tasks per action")
     return reason
+
+
+def check_params(action: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of a bulk ``action`` (all but the reason), checked by their rules:
+    one it does not take for many tasks, or a required one missing, is an
+    :class:`InvalidInput` naming it. Returns them as the service takes them."""
+    spec = ACTIONS[action]
+    taken = {param.name: param for param in spec.bulk_params if param.name != "reason"}
+    for name in params:
+        if name not in taken:
+            raise InvalidInput(name, "unexpected", f"{name}: {spec.label} takes no {name}")
+    checked: dict[str, Any] = {}
+    for name, param in taken.items():
+        value = params.get(name)
+        if value is None or value == "":
+            if param.required:
+                raise InvalidInput(name, "required", f"{name}: is required and may not be empty")
+            continue
+        if param.kind == "delay":
+            value = validation.validate_delay(value, field=name)
+        checked[name] = value
+    return checked
 
 
 def bulk_limit() -> int:
@@ -289,11 +342,12 @@ def act_on_tasks(
     reason: str,
     limit: int,
     plan: str | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> BulkReport:
-    """Apply one operator action (redrive, resolve, cancel) to each of ``tasks`` (at most
-    ``limit``), each in its own transaction with its own Event, as if done one by one: the
-    console's bulk form on dead letters, the admin's actions and the management commands
-    all come here.
+    """Apply one operator action (a row of ``task_actions.ACTIONS``, with its ``params``
+    such as a delay) to each of ``tasks`` (at most ``limit``), each in its own transaction
+    with its own Event, as if done one by one: the console's bulk form on dead letters,
+    the admin's actions and the management commands all come here.
 
     The action, the permission, the reason and the limit are checked before anything
     changes (given no tasks, that check is all it does); a task the action does not apply
@@ -301,8 +355,8 @@ def act_on_tasks(
     reported, not an error for the rest. Every event carries the plan's id (a new one
     unless given), so the audit log can show the action as one.
     """
-    reason = check_bulk(action, actor=actor, reason=reason, limit=limit)
-    run = BULK_ACTIONS[action]
+    reason = check_bulk(action, actor=actor, reason=reason, limit=limit, params=params)
+    given = check_params(action, params or {})
     plan = plan or new_plan_id()
     changed: list[int] = []
     skipped: list[tuple[int, str]] = []
@@ -312,7 +366,7 @@ def act_on_tasks(
             limited = True
             break
         try:
-            run(task, actor=actor, reason=reason, plan=plan)
+            run_action(action, task, actor=actor, reason=reason, plan=plan, **given)
         except InvalidTransition as exc:
             skipped.append((task.pk, str(exc)))
         else:

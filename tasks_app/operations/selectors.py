@@ -32,7 +32,6 @@ from tasks_app.models import (
     TaskStatus,
 )
 from tasks_app.operations import task_actions as task_actions_rule
-from tasks_app.operations.task_actions import Action
 
 # --- the overview -----------------------------------------------------------------------------
 
@@ -138,8 +137,11 @@ def succeeded_by_workflow(since: datetime) -> dict[str, int]:
 
 def scheduled_retries(now: datetime) -> QuerySet[Step]:
     """Steps waiting for a scheduled retry (the display state "retry scheduled"): pending,
-    claimed before, and not due until later."""
-    return Step.objects.filter(status=StepStatus.PENDING, attempts__gt=0, available_at__gt=now)
+    claimed before, and not due until later: a retry after a failed attempt, or a dead
+    step an operator redrove to run after a delay (its attempts start again from 0, its
+    token does not); not a step handed back to wait for its workflow version."""
+    claimed_before = Q(attempts__gt=0) | (Q(fencing_token__gt=0) & ~Q(error_class=AWAITING_VERSION))
+    return Step.objects.filter(claimed_before, status=StepStatus.PENDING, available_at__gt=now)
 
 
 def _due_steps(now: datetime) -> QuerySet[Step]:
@@ -297,43 +299,35 @@ class TaskDetail:
 
 @dataclass(frozen=True)
 class TaskActions:
-    """What a viewer may do to a task now: the rule of :mod:`tasks_app.operations.task_actions`
-    allows it and they hold its permission (the services check both again on every POST)."""
+    """What a viewer may do to a task now: the rows of ``task_actions.ACTIONS`` whose rule
+    allows it and whose permission they hold (the services check both again on every POST),
+    in the table's order, and grouped by the task page's form they share (``forms``)."""
 
-    allowed: frozenset[str]
-
-    @property
-    def redrive(self) -> bool:
-        return Action.REDRIVE in self.allowed
+    offered: tuple[task_actions_rule.ActionSpec, ...]
 
     @property
-    def resolve_done(self) -> bool:
-        return Action.RESOLVE_DONE in self.allowed
+    def allowed(self) -> frozenset[str]:
+        return frozenset(spec.name for spec in self.offered)
 
     @property
-    def resolve_retry(self) -> bool:
-        return Action.RESOLVE_RETRY in self.allowed
-
-    @property
-    def resolve(self) -> bool:
-        return self.resolve_done or self.resolve_retry
-
-    @property
-    def cancel(self) -> bool:
-        return Action.CANCEL in self.allowed
+    def forms(self) -> dict[str, list[task_actions_rule.ActionSpec]]:
+        grouped: dict[str, list[task_actions_rule.ActionSpec]] = {}
+        for spec in self.offered:
+            grouped.setdefault(spec.form, []).append(spec)
+        return grouped
 
     @property
     def any(self) -> bool:
-        return bool(self.allowed)
+        return bool(self.offered)
 
 
 def task_actions(detail: TaskDetail, user: Any) -> TaskActions:
     allowed = task_actions_rule.allowed(detail.task, detail.dead_step)
     return TaskActions(
-        frozenset(
-            action
-            for action in allowed
-            if user.has_perm(f"tasks_app.{task_actions_rule.ACTIONS[action].permission}")
+        tuple(
+            spec
+            for spec in task_actions_rule.ACTIONS.values()
+            if spec.name in allowed and user.has_perm(f"tasks_app.{spec.permission}")
         )
     )
 

@@ -1,32 +1,51 @@
-"""Which operator actions a task allows now: the one rule that the services enforce and
-that the console's task page and bulk form, the admin's actions and the management
-commands ask before they offer or attempt anything.
+"""The operator actions, in one table (:data:`ACTIONS`), and the rule saying which of them
+a task allows now.
 
-- ``redrive``: a task with a dead step whose outcome is known. A step that died of an
-  unknown outcome would find its started call again and stop again without calling; a
-  person's answer (a resolve) moves it on.
+Every way a person acts on a task reads this table and nothing else: the console's task
+page (one control per allowed action) and bulk form (its choices and parameter fields),
+the admin's actions (one per row), the management commands (``manage.py task_action``
+handles every row; ``redrive``, ``resolve`` and ``cancel`` name rows of it), and the
+services' bulk entry (:func:`operator_actions.act_on_tasks`). A row is plain data (an
+API can list it as JSON with :func:`describe`): adding an action is a row here, its
+service, and its refusal rule below; ``tests/operations/test_action_surfaces.py`` fails
+until every surface offers it.
+
+Which states allow each (:func:`refusal`, the one rule the services enforce):
+
+- ``redrive`` and ``redrive_later``: a task with a dead step whose outcome is known. A step
+  that died of an unknown outcome would find its started call again and stop again without
+  calling; a person's answer (a resolve) moves it on. ``redrive_later`` makes the step due
+  after a delay instead of now.
+  An approval step is not put off (a person decides it, not a clock): redrive it.
 - ``resolve_done``: a task with a dead step that is not an approval step (only a
   decision lets a task past one): the call happened, or a person did the work by hand.
 - ``resolve_retry``: a task whose dead step ended with an unknown outcome (it did not
   happen: forget the started call and call again). A step that failed with a known
   outcome is redriven instead.
-
-So a dead step with a known outcome offers Redrive and Mark done; one with an unknown
-outcome offers Mark done and Run again; every page, the bulk form, the admin and the
-commands ask this module which.
 - ``cancel``: a task not yet succeeded or cancelled, and not already being cancelled.
 
-The first dead step (by position) is the one redrive and resolve look at.
+So a dead step with a known outcome offers Redrive, Retry after a delay and Mark done; one
+with an unknown outcome offers Mark done and Run again. The first dead step (by position)
+is the one redrive and resolve look at.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, Literal
 
 from tasks_app.engine.transitions import is_approval
 from tasks_app.exceptions import OutcomeUnknown, error_class
-from tasks_app.models import TERMINAL_TASK_STATUSES, Step, StepStatus, Task
+from tasks_app.models import (
+    ACTIVE_TASK_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    Step,
+    StepStatus,
+    Task,
+    TaskStatus,
+)
 
 # What a step that died of an unknown outcome records as its error class.
 OUTCOME_UNKNOWN = error_class(OutcomeUnknown())
@@ -34,33 +53,196 @@ OUTCOME_UNKNOWN = error_class(OutcomeUnknown())
 
 class Action(StrEnum):
     REDRIVE = "redrive"
+    REDRIVE_LATER = "redrive_later"
     RESOLVE_DONE = "resolve_done"
     RESOLVE_RETRY = "resolve_retry"
     CANCEL = "cancel"
 
 
+# How a parameter is read: ``text`` as it is, ``json`` parsed (an object), ``delay`` by
+# ``validation.validate_delay`` (15 minutes, 5m, 1h, 2d).
+ParamKind = Literal["text", "json", "delay"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """An input an action takes, by the name the service's keyword, the console's POST
+    field and the command's ``--flag`` share."""
+
+    name: str
+    label: str
+    kind: ParamKind = "text"
+    # The service refuses the action without it (an InvalidInput naming it).
+    required: bool = False
+    help: str = ""
+    # Offered for many tasks at once (bulk form, admin, commands): an edited payload
+    # belongs to one task.
+    bulk: bool = True
+    # A one-task parameter gets a form of its own on the task page (``changes``: "Redrive
+    # with changes"), beside its action's plain form.
+    variant: str = ""
+
+
+REASON = Param("reason", "Reason", required=True)
+PAYLOAD = Param(
+    "payload",
+    "Payload",
+    kind="json",
+    bulk=False,
+    help="Leave empty to keep the payload; a JSON object replaces it.",
+    variant="changes",
+)
+DELAY = Param(
+    "delay",
+    "Delay",
+    kind="delay",
+    required=True,
+    help="Minutes (15), or 90s, 5m, 1h, 2d; at most 7 days.",
+)
+
+
+RERUN_IN_DOUBT = (
+    "they will be called again with the same key; a remote that does not honour the key "
+    "may act twice."
+)
+
+
 @dataclass(frozen=True)
 class ActionSpec:
+    """One operator action: what it is called, who may take it, what it asks for, what
+    it calls, and what its controls say."""
+
     name: Action
+    # What its buttons and choices say: "Mark done".
     label: str
     # The ``tasks_app`` permission a user needs.
     permission: str
     # What a confirm button says, with the number of tasks: "Cancel 3 tasks".
     button: str
+    # What happened to a task it changed, as a notice says it: "Task #3: redriven.".
+    done: str
+    # What it does, for whoever is about to take it (the task page, the admin's confirm).
+    explanation: str
+    # Its service: a function of ``operator_actions`` taking the task, ``actor``,
+    # ``reason``, ``plan``, the parameters and ``fixed``.
+    service: str
+    params: tuple[Param, ...] = (REASON,)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    # The task page's form its button sits in (actions sharing one share its fields), and
+    # that form's heading.
+    form: str = ""
+    heading: str = ""
+    # How its button looks: "primary", "danger" or "" (plain).
+    tone: str = "primary"
+    # What it does to a dead step's external writes in doubt, and to those that happened
+    # (a bulk plan's preview says so before anyone confirms).
+    # The task statuses it may apply to: what a command's filter selects from.
+    targets: tuple[str, ...] = (TaskStatus.DEAD,)
+    in_doubt: str = RERUN_IN_DOUBT
+    applied: str = "a rerun skips them by their key."
 
     def button_text(self, count: int) -> str:
         return self.button.format(n=count, tasks="task" if count == 1 else "tasks")
+
+    @property
+    def bulk_params(self) -> tuple[Param, ...]:
+        return tuple(param for param in self.params if param.bulk)
 
 
 ACTIONS: dict[str, ActionSpec] = {
     spec.name: spec
     for spec in (
-        ActionSpec(Action.REDRIVE, "Redrive", "redrive_task", "Redrive {n} {tasks}"),
-        ActionSpec(Action.RESOLVE_DONE, "Mark done", "resolve_task", "Mark {n} {tasks} done"),
-        ActionSpec(Action.RESOLVE_RETRY, "Run again", "resolve_task", "Run {n} {tasks} again"),
-        ActionSpec(Action.CANCEL, "Cancel task", "cancel_task", "Cancel {n} {tasks}"),
+        ActionSpec(
+            Action.REDRIVE,
+            "Redrive",
+            "redrive_task",
+            "Redrive {n} {tasks}",
+            "redriven",
+            "Runs the dead step again with a fresh attempt budget and the same step key (an "
+            "approval step gets a new request).",
+            "redrive",
+            params=(REASON, PAYLOAD),
+            form="redrive",
+            heading="Redrive",
+        ),
+        ActionSpec(
+            Action.REDRIVE_LATER,
+            "Retry after a delay",
+            "redrive_task",
+            "Retry {n} {tasks} after the delay",
+            "scheduled to run again after the delay",
+            "Like a redrive, with a fresh attempt budget and the same step key, but the dead "
+            "step becomes due only once the delay has passed (by the database's clock).",
+            "redrive",
+            params=(DELAY, REASON),
+            form="redrive_later",
+            heading="Retry after a delay",
+        ),
+        ActionSpec(
+            Action.RESOLVE_DONE,
+            "Mark done",
+            "resolve_task",
+            "Mark {n} {tasks} done",
+            "resolved",
+            "It happened: the dead step is marked succeeded, with the reason as its note, and "
+            "the task continues with its next step.",
+            "resolve",
+            fixed={"outcome": "done"},
+            in_doubt="they will be recorded as done and not called again.",
+            form="resolve",
+            heading="Mark done by hand",
+        ),
+        ActionSpec(
+            Action.RESOLVE_RETRY,
+            "Run again",
+            "resolve_task",
+            "Run {n} {tasks} again",
+            "resolved",
+            "It did not happen: the dead step runs again and its unfinished side effects are "
+            "forgotten, so the next attempt calls the remote again.",
+            "resolve",
+            fixed={"outcome": "retry"},
+            in_doubt="they will be called again.",
+            form="resolve",
+            heading="Resolve the unknown outcome",
+            tone="",
+        ),
+        ActionSpec(
+            Action.CANCEL,
+            "Cancel task",
+            "cancel_task",
+            "Cancel {n} {tasks}",
+            "cancel requested",
+            "Stops what has not run; a running step is asked to stop. Done side effects are "
+            "not undone.",
+            "cancel",
+            form="cancel",
+            heading="Cancel",
+            tone="danger",
+            # Pending, running, waiting for approval or dead.
+            targets=tuple(s for s in TaskStatus.values if s in ACTIVE_TASK_STATUSES),
+            in_doubt="cancelling does not undo them; check the remote system.",
+            applied="cancelling does not undo them.",
+        ),
     )
 }
+
+
+def describe() -> list[dict[str, Any]]:
+    """The table as plain JSON-ready data, in its order (for an API or a listing)."""
+    return [
+        {
+            "name": spec.name.value,
+            "label": spec.label,
+            "permission": f"tasks_app.{spec.permission}",
+            "params": [
+                {"name": p.name, "kind": p.kind, "required": p.required, "bulk": p.bulk}
+                for p in spec.params
+            ],
+            "explanation": spec.explanation,
+        }
+        for spec in ACTIONS.values()
+    ]
 
 
 def first_dead_step(task: Task) -> Step | None:
@@ -69,6 +251,9 @@ def first_dead_step(task: Task) -> Step | None:
 
 def is_outcome_unknown(step: Step) -> bool:
     return step.error_class == OUTCOME_UNKNOWN
+
+
+REDRIVES = (Action.REDRIVE, Action.REDRIVE_LATER)
 
 
 def refusal(action: str, task: Task, dead_step: Step | None) -> str | None:
@@ -84,13 +269,18 @@ def refusal(action: str, task: Task, dead_step: Step | None) -> str | None:
             return f"task #{task.pk} is already being cancelled"
         return None
     if dead_step is None:
-        verb = "redrive" if action == Action.REDRIVE else "resolve"
+        verb = "redrive" if action in REDRIVES else "resolve"
         return f"task #{task.pk} has no dead step to {verb}"
-    if action == Action.REDRIVE and is_outcome_unknown(dead_step):
+    if action in REDRIVES and is_outcome_unknown(dead_step):
         return (
             f"step {dead_step.kind} of task #{task.pk} ended with an unknown outcome: a "
             "redrive would find its started call again and stop again; resolve it instead "
             "(mark done if it happened, run again if it did not)"
+        )
+    if action == Action.REDRIVE_LATER and is_approval(task, dead_step.position):
+        return (
+            f"step {dead_step.kind} of task #{task.pk} is an approval: a person decides it, "
+            "not a clock (redrive it for a new request now, or cancel)"
         )
     if action == Action.RESOLVE_DONE and is_approval(task, dead_step.position):
         return (

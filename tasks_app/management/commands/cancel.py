@@ -7,10 +7,10 @@ import argparse
 from typing import Any
 
 from tasks_app.management.cli import TaskActionCommand
-from tasks_app.models import ACTIVE_TASK_STATUSES, TaskStatus
+from tasks_app.operations.task_actions import ACTIONS, Action
 
 # Pending, running, waiting for approval or dead: every status a cancel applies to.
-CANCELLABLE = tuple(status for status in TaskStatus.values if status in ACTIVE_TASK_STATUSES)
+CANCELLABLE = ACTIONS[Action.CANCEL].targets
 
 
 class Command(TaskActionCommand):
@@ -18,7 +18,6 @@ class Command(TaskActionCommand):
         "Cancel tasks (pending, waiting and dead steps at once; a running step is asked to "
         "stop), named by id or selected by filter, with a reason."
     )
-    statuses = CANCELLABLE
 
     def add_status_filters(self, filters: argparse._ArgumentGroup) -> None:
         filters.add_argument(
