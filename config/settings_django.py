@@ -275,7 +275,7 @@ SECURE_CSP = {
 # messages.
 TASKS_LOG_MESSAGES = env_bool("TASKS_LOG_MESSAGES")
 # Every line readable (`text`) or one JSON object per line (`json`), for all loggers; the
-# task system's operational lines (tasks_app.history.oplog) carry their fields either way.
+# task system's operational lines (tasks_app.observability.oplog) carry their fields either way.
 TASKS_LOG_FORMATS = ("text", "json")
 TASKS_LOG_FORMAT = env_str("TASKS_LOG_FORMAT", "text").lower()
 if TASKS_LOG_FORMAT not in TASKS_LOG_FORMATS:

@@ -25,7 +25,7 @@ from django.utils.html import format_html
 from django_htmx.http import retarget
 
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
-from tasks_app.history import oplog
+from tasks_app.observability import oplog
 
 # What a service refuses with, for a person to read: each carries its ``http_status``.
 REFUSED = (NotPermitted, InvalidInput, InvalidTransition)

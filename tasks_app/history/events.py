@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from tasks_app.access import Actor, actor_fields
-from tasks_app.history import audit_chain, counting, oplog
+from tasks_app.history import audit_chain, counting
 from tasks_app.models import Event, Step, Task
+from tasks_app.observability import oplog
 
 
 def step_state(step: Step) -> list[Any]:

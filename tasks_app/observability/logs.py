@@ -32,7 +32,7 @@ def configure(config: dict[str, Any]) -> None:
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger`` and
     ``message``, then the ``event`` and ``fields`` of a structured record
-    (``tasks_app.history.oplog``), and a traceback as ``exc_info``. Newlines are escaped, so
+    (``tasks_app.observability.oplog``), and a traceback as ``exc_info``. Newlines are escaped, so
     each record stays one line."""
 
     def format(self, record: logging.LogRecord) -> str:

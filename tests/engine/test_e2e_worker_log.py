@@ -1,6 +1,6 @@
 """What a worker logs at the Procfile's level (INFO) with the production defaults: one line
 per drain that ran steps, none per message or per sweep, one line per retry, dead letter
-and expired review (tasks_app.history.oplog), one per pool process that dies, and one for the
+and expired review (tasks_app.observability.oplog), one per pool process that dies, and one for the
 expired messages it discards after being away."""
 
 from __future__ import annotations

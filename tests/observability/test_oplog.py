@@ -1,4 +1,4 @@
-"""The operational log (``tasks_app.history.oplog``): one line per retry, dead letter, lease
+"""The operational log (``tasks_app.observability.oplog``): one line per retry, dead letter, lease
 expiry, stale write refused and operator action, with its ids, written after commit, on both the ORM
 path and the SQL batch path, never with a payload or a secret; JSON when the settings say so; and
 nothing from an idle sweeper.
@@ -461,8 +461,8 @@ def test_the_redacted_keys_are_a_setting(settings: Any, captured: Captured) -> N
 
 
 def test_a_dict_a_line_carries_is_redacted_at_any_depth(settings: Any) -> None:
-    from tasks_app.history import oplog
     from tasks_app.models import Event
+    from tasks_app.observability import oplog
 
     event = Event(
         kind="queue_paused",
@@ -522,7 +522,7 @@ def test_the_json_format_writes_one_object_per_line_with_the_fields(
 
 def test_tasks_log_format_json_makes_every_logger_write_json() -> None:
     code = (
-        "import logging; from tasks_app.history import oplog; "
+        "import logging; from tasks_app.observability import oplog; "
         "oplog.write(logging.WARNING, 'dead_lettered', {'task': 7, 'step': 8, 'token': 2}); "
         "logging.getLogger('django.request').warning('a line\\nof two lines')"
     )
