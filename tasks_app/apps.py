@@ -39,6 +39,15 @@ def _register_sweep_jobs() -> None:
     register_sweep_job("workflow_samples", workflow_samples.sample)
 
 
+def _listen_to_events() -> None:
+    """The operational log hears of every event recorded (``tasks_app.history.events``),
+    which knows nothing of it."""
+    from tasks_app.history import events
+    from tasks_app.observability import oplog
+
+    events.listen(oplog.log_event)
+
+
 class TasksAppConfig(AppConfig):
     name = "tasks_app"
     verbose_name = "Tasks"
@@ -51,6 +60,7 @@ class TasksAppConfig(AppConfig):
         from tasks_app.engine import backstop  # noqa: F401
 
         _register_sweep_jobs()
+        _listen_to_events()
 
         # A workflow of your own lives in the ``workflows`` module of an installed app (as
         # an admin lives in ``admin``): every process, web and worker alike, imports it

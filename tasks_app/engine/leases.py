@@ -104,13 +104,16 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
     return Claim.of(step, worker_id=worker_id, lease_seconds=lease)
 
 
-def _held_step(claim: Claim) -> Step | None:
-    """The claimed step, locked, if this claim still holds it."""
-    return (
+def _held(claim: Claim) -> tuple[Task, Step | None]:
+    """The claim's task, locked first as every transition does, and its step, locked, if
+    this claim still holds it."""
+    task = lock_task(claim.task_id)
+    step = (
         Step.objects.select_for_update()
         .filter(pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token)
         .first()
     )
+    return task, step
 
 
 def reject_stale(claim: Claim, operation: str) -> None:
@@ -176,8 +179,7 @@ def _end(claim: Claim, operation: str, ending: Ending) -> bool:
     (:func:`states.end_attempt`); then open the approval step a success reached and ring
     for what became due. Else record the stale write (``operation``) and return False."""
     with transaction.atomic():
-        task = lock_task(claim.task_id)
-        step = _held_step(claim)
+        task, step = _held(claim)
         if step is not None:
             _, reached, bells = end_attempt(task, step, ending)
             # (A task that ended here reached no approval step: a cancel stops it first.)
@@ -239,8 +241,7 @@ def release_claim(
     on the step why it waits.
     """
     with transaction.atomic():
-        task = lock_task(claim.task_id)
-        step = _held_step(claim)
+        task, step = _held(claim)
         if step is None:
             return False
         _, _, bells = end_attempt(

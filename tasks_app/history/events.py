@@ -1,15 +1,32 @@
 """Recording an event beside the change it records: in the caller's transaction, appended
-to the audit chain when a person did it, counted, and logged once it commits."""
+to the audit chain when a person did it, counted, and told to what listens (the
+operational log, ``tasks_app.observability.oplog``, which writes its line once the
+transaction commits; it registers itself when the app starts)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from tasks_app.access import Actor, actor_fields
 from tasks_app.history import audit_chain, counting
 from tasks_app.models import Event, Step, Task
-from tasks_app.observability import oplog
+
+
+class Listener(Protocol):
+    """Hears of each event as it is recorded, with the rows the transition holds."""
+
+    def __call__(self, event: Event, *, task: Task | None, steps: Sequence[Step]) -> None: ...
+
+
+_listeners: list[Listener] = []
+
+
+def listen(listener: Listener) -> None:
+    """Have ``listener`` hear of every event recorded from now on (once, however often it
+    is registered)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def step_state(step: Step) -> list[Any]:
@@ -28,9 +45,8 @@ def record_event(
     **data: Any,
 ) -> Event:
     """Write the event of a transition in the caller's transaction; an operator action is
-    appended to the audit chain (``audit_chain.append``). The kinds on-call hears of also
-    get their log line once it commits (``oplog``: ``task`` and ``steps`` are the rows at
-    hand, so the line reads none again)."""
+    appended to the audit chain (``audit_chain.append``). What listens hears of it with
+    ``task`` and ``steps``, the rows at hand, so that the log line reads none again."""
     name, user_id = actor_fields(actor)
     changed = tuple(steps)
     changes = {str(step.pk): step_state(step) for step in changed}
@@ -61,7 +77,8 @@ def record_event(
             if workflow is not None:
                 counts[counting.workflow_event_name(workflow, kind)] = 1
         counting.add(counts)
-    oplog.log_event(event, task=task, steps=changed)
+    for listener in _listeners:
+        listener(event, task=task, steps=changed)
     return event
 
 

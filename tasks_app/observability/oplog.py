@@ -20,10 +20,11 @@ What a line may carry is listed here, by name: never a payload or a result. Free
 error, a reason) is cut short and has the values of secret keys removed, as has any dict a
 line carries (``tasks_app.redaction``, with ``REDACT_KEY_PATTERNS``).
 
-The hook is :func:`log_event`, which ``events.record_event`` calls for every event
-the ORM writes; the SQL batch path writes only claims, successes and the ``cancelled`` of
-a task whose cancel came while its step ran, which it logs with :func:`log_event` too
-(``fastpath.complete_many``). Its retries, dead letters and stale writes go through the ORM.
+The hook is :func:`log_event`, which listens to every event recorded
+(``tasks_app.history.events.listen``, registered by ``TasksAppConfig.ready``): those the
+ORM writes and those of the SQL batch path, which writes only claims, successes and the
+``cancelled`` of a task whose cancel came while its step ran (``fastpath.complete_many``).
+Its retries, dead letters and stale writes go through the ORM.
 """
 
 from __future__ import annotations
