@@ -10,7 +10,7 @@ Each decision, in one transaction with the task row locked first (the core's loc
 3. re-validates the current state: the task is not cancelled, the request has not
    expired, the hash the decider saw is the request's, and the request's draft is still
    the latest draft (:class:`StaleApproval` otherwise);
-4. records the decision on the request and settles the step through the core, which
+4. records the decision on the request and closes the step through the core, which
    writes the decision's Event with the actor.
 
 String actors (``"cli:alice"``) are trusted callers and skip the permission and list

@@ -24,7 +24,7 @@ No worker runs it. In the transaction that makes the task reach it (the drafting
 success, a redrive, an approval before it), the core calls its handler, which reads the
 draft (the ``draft_from`` step's result); the step goes ``blocked`` ->
 ``waiting_approval`` and an :class:`~approvals.models.ApprovalRequest` is written in the
-same commit. ``approvals.services`` settles it.
+same commit. ``approvals.services`` closes it.
 """
 
 from __future__ import annotations

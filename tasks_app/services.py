@@ -4,10 +4,12 @@ modules that hold them (one concern each).
 | module | holds |
 |---|---|
 | ``access`` | the ``Actor`` type, actor names, permission checks |
-| ``engine.transitions`` | the clock, task locks, events, settling a task, what a success leads to |
+| ``engine.states`` | the step's state machine: a step made due, an attempt ended, a task settled |
+| ``engine.transitions`` | task locks, a step's place in its workflow, what a handler is given |
+| ``history.events`` | recording an event beside its change |
 | ``engine.enqueueing`` | ``enqueue``, ``enqueue_many``, ``get_task`` |
 | ``engine.leases`` | claim, heartbeat, complete, fail, stale writes |
-| ``engine.waiting`` | opening, settling, revising approval steps; a person's own draft |
+| ``engine.waiting`` | opening, closing, revising approval steps; a person's own draft |
 | ``operations.operator_actions`` | redrive, resolve, cancel, pause and resume, bulk actions |
 | ``engine.sweeper`` | reaping expired leases, ringing again for due steps, registered jobs |
 

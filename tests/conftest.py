@@ -314,7 +314,7 @@ def _threads_give_connections_back(django_db_setup: None) -> Iterator[None]:
     yield
     from tasks_app.engine.lease_keeper import lease_keeper
 
-    lease_keeper.release_connection()
+    lease_keeper.give_back_connection()
 
 
 @pytest.fixture(autouse=True)

@@ -59,7 +59,7 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._failing: _Streak | None = None
-        self._release: threading.Event | None = None
+        self._give_back: threading.Event | None = None
 
     def watch(self, claims: Sequence[leases.Claim]) -> None:
         now = time.monotonic()
@@ -100,10 +100,10 @@ class LeaseKeeper:
                 wait = min(wait, max(self._next_beat(item) - time.monotonic(), 0.01))
             if watched:
                 idle_since = None
-            elif self._release is not None:
+            elif self._give_back is not None:
                 connections.close_all()
-                self._release.set()
-                self._release = idle_since = None
+                self._give_back.set()
+                self._give_back = idle_since = None
             elif idle_since is None:
                 idle_since = now
             elif now - idle_since >= idle_seconds():
@@ -113,7 +113,7 @@ class LeaseKeeper:
             self._wake.wait(wait)
             self._wake.clear()
 
-    def release_connection(self, timeout: float = 10) -> None:
+    def give_back_connection(self, timeout: float = 10) -> None:
         """Have the thread close its database connection as soon as it has nothing to
         renew, and wait for that (a process shutting down, a test run dropping its
         database)."""
@@ -121,7 +121,7 @@ class LeaseKeeper:
         if thread is None or not thread.is_alive() or self._pid != os.getpid():
             return
         released = threading.Event()
-        self._release = released
+        self._give_back = released
         self._wake.set()
         released.wait(timeout)
 

@@ -1,4 +1,4 @@
-"""Steps a person decides: opening an approval step when its task reaches it, settling it
+"""Steps a person decides: opening an approval step when its task reaches it, closing it
 after a decision or an expiry, sending a task back for a new revision, and taking a
 person's own revision of the draft."""
 

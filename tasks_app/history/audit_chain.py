@@ -3,7 +3,7 @@ of the operator event before it, so an event edited, deleted or inserted afterwa
 (docs/audit.md).
 
 What is chained: the events whose kind is an operator action (``OPERATOR_EVENT_KINDS``),
-whoever wrote them (a person, a command, the system settling a cancel), all through
+whoever wrote them (a person, a command, the system ending a cancel), all through
 :func:`events.record_event`. Worker events (claimed, succeeded, ...) are not: chaining
 serialises every writer on one lock; measured, 8 connections wrote 1,604 plain events/s
 but 203 chained ones, no more than one connection did (docs/audit.md). Operator actions

@@ -156,7 +156,7 @@ def verify(*, upto: int | None = None, collect: bool = False) -> Verdict:
        its stored hash (else it was edited), and its ``chain_previous`` must be the hash
        of the chained event before it (else one was deleted or inserted between them).
     3. An operator event without a hash after the chain began was written around it (by
-       SQL, or by a process of the release before the chain during its rolling deploy):
+       SQL, or by a process of the version before the chain during its rolling deploy):
        the chain does not vouch for it. It breaks no link, so it is reported beside them
        (``outside``) and the walk goes on.
     """
@@ -185,7 +185,7 @@ def verify(*, upto: int | None = None, collect: bool = False) -> Verdict:
                 "no hash (written around the chain)",
                 f"an operator event ({event.kind} by {event.actor} at "
                 f"{event.created_at:%Y-%m-%d %H:%M:%S %Z}) without a hash after the chain "
-                "began: inserted by SQL, or by a process of the release before the chain",
+                "began: inserted by SQL, or by a process of the version before the chain",
             )
             continue
         checked += 1

@@ -9,7 +9,7 @@ Each check names something that never holds in a healthy system, however busy:
 - ``dead_letter``: a dead step without its ``dead_lettered`` event since it last ran;
 - ``effect``: an effect ``started`` longer ago than a lease whose step neither runs, nor
   waits for its next attempt (which calls again or dead-letters), nor is dead (where a
-  person resolves it): nothing will ever settle its outcome;
+  person resolves it): nothing will ever decide whether it happened;
 - ``approval``: a pending approval request past its expiry, by more than the sweeper's
   grace (the sweeper expires them);
 - ``undecodable``: a task's payload, or a step's result or change request, that Python
@@ -63,7 +63,7 @@ from tasks_app.observability.history_checks import Finding as Finding
 
 DEFAULT_WINDOW = timedelta(hours=24)
 BATCH_SIZE = 500
-# Steps whose unfinished effect something will still settle: the running attempt, the
+# Steps whose unfinished effect something will still decide: the running attempt, the
 # next one (which calls again with the same key, or dead-letters as outcome unknown), or
 # the person who resolves a dead step.
 EFFECT_SETTLERS = frozenset({StepStatus.RUNNING, StepStatus.PENDING, StepStatus.DEAD})
@@ -182,13 +182,13 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
             findings.append(Finding("history", task_id, _difference(stored, folded)))
         findings += _unlettered(task_id, steps[task_id], events[task_id])
         findings += history_findings(task_id, steps[task_id], events[task_id])
-    settled_by_nobody = [
+    decided_by_nobody = [
         pk
         for task_steps in steps.values()
         for pk, state in task_steps.items()
         if state.status not in EFFECT_SETTLERS
     ]
-    findings += orphaned_effects(settled_by_nobody, now)
+    findings += orphaned_effects(decided_by_nobody, now)
     return findings
 
 
@@ -253,7 +253,7 @@ def orphaned_effects(step_ids: Sequence[int], now: datetime) -> list[Finding]:
             "effect",
             task_id,
             f"effect {key} started at {started.isoformat()} and never finished, and its "
-            f"step {step_id} is {status}: nothing will settle whether it happened",
+            f"step {step_id} is {status}: nothing will decide whether it happened",
         )
         for key, step_id, task_id, status, started in rows
     ]

@@ -133,7 +133,7 @@ def redrive(
 def resolve(
     task: Task, *, actor: Actor, reason: str, outcome: str, plan: str | None = None
 ) -> Task:
-    """A person settles a dead step: ``done`` (it happened) or ``retry`` (it did not)."""
+    """A person answers for a dead step: ``done`` (it happened) or ``retry`` (it did not)."""
     check_permission(actor, "resolve_task")
     reason = validation.require_text(reason, "reason")
     if outcome not in ("done", "retry"):

@@ -207,7 +207,7 @@ def test_the_lease_keeper_renews_over_one_kept_connection(keeper_connections: li
         expiries.add(Step.objects.get(pk=step.pk).lease_expires_at)
         return len(expiries) >= 4  # the claim's own, and three renewals
 
-    lease_keeper.release_connection()  # whatever an earlier test left open
+    lease_keeper.give_back_connection()  # whatever an earlier test left open
     lease_keeper.watch([held])
     try:
         wait_for(renewed_three_times, timeout=15, interval=0.05, what="three renewals")

@@ -358,7 +358,7 @@ def test_it_finds_an_effect_started_long_ago_that_nothing_will_settle(
 
     assert line.startswith(f"effect: task {task.pk}: effect cmd:effect:0:noop:orphan started at ")
     assert line.endswith(
-        f"and its step {step.pk} is succeeded: nothing will settle whether it happened"
+        f"and its step {step.pk} is succeeded: nothing will decide whether it happened"
     )
 
 

@@ -363,7 +363,7 @@ def test_retention_keeps_the_chained_events_of_a_broken_chain(
 def test_retention_prunes_an_event_outside_the_chain_and_seals_the_rest(
     db: None, oncall: User
 ) -> None:
-    """An operator event without a hash breaks no link (a process of the release before
+    """An operator event without a hash breaks no link (a process of the version before
     the chain wrote it during the rolling deploy): retention seals and prunes as usual."""
     services.pause_queue("default", actor=oncall, reason="incident")
     Event.objects.create(kind=EventKind.QUEUE_PAUSED, actor="old-release", reason="x")

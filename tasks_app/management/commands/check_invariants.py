@@ -36,7 +36,7 @@ class Command(OperatorCommand):
         "Check that stored state agrees with its event history and the clock: tasks whose "
         "steps differ from their folded events (history), steps running past their lease "
         "(lease), dead steps without their dead_lettered event (dead_letter), effects nobody "
-        "will settle (effect), approvals past their expiry (approval), histories that do not "
+        "will decide (effect), approvals past their expiry (approval), histories that do not "
         "start with enqueued (enqueued), fencing tokens that do not rise or exceed the "
         "step's (fencing), claims with no outcome while the step no longer runs on them "
         "(claim), runs ended twice without a redrive or resolve between (terminal), "

@@ -1,4 +1,4 @@
-"""``manage.py resolve``: settle a dead step whose outcome nobody knows (done or retry)."""
+"""``manage.py resolve``: answer for a dead step whose outcome nobody knows (done or retry)."""
 
 from __future__ import annotations
 

@@ -100,18 +100,18 @@ HISTORY: list[dict[str, Any]] = [
 ]
 HISTORY_MINUTES = 60
 
-# Added again on every run, under keys of that run: ``settle`` runs it here until it is no
+# Added again on every run, under keys of that run: ``run_here`` runs it here until it is no
 # longer pending; the others wait for the worker (the flaky one retries, then succeeds).
 FRESH_BATCH: list[dict[str, Any]] = [
     {"name": "noop-a", "workflow": "demo.noop", "payload": {"fresh": "a"}},
     {"name": "noop-b", "workflow": "demo.noop", "payload": {"fresh": "b"}},
     {"name": "flaky", "workflow": "demo.flaky", "payload": {"fail_first": 1}},
-    {"name": "done", "workflow": "demo.noop", "payload": {"fresh": "done"}, "settle": True},
+    {"name": "done", "workflow": "demo.noop", "payload": {"fresh": "done"}, "run_here": True},
     {
         "name": "dead",
         "workflow": "demo.flaky",
         "payload": {"error": "permanent", "fail_first": 1},
-        "settle": True,
+        "run_here": True,
     },
 ]
 FRESH_PREFIX = "demo:fresh:"
@@ -162,7 +162,7 @@ class Command(BaseCommand):
     # --- this run's fresh batch ------------------------------------------------------------
 
     def _fresh_batch(self) -> list[Task]:
-        """Enqueue :data:`FRESH_BATCH` under keys of this run, settle the ones marked so,
+        """Enqueue :data:`FRESH_BATCH` under keys of this run, run here the ones marked so,
         and return the batch's tasks."""
         stamp = services.db_now().strftime("%Y%m%dT%H%M%S.%f")
         items = [
@@ -175,7 +175,7 @@ class Command(BaseCommand):
         ]
         tasks = [result.task for result in services.enqueue_many(items, actor=ACTOR)]
         for item, task in zip(FRESH_BATCH, tasks, strict=True):
-            if item.get("settle"):
+            if item.get("run_here"):
                 self._run_until_settled(task)
         return tasks
 
