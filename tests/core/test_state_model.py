@@ -416,6 +416,7 @@ class StateModel(RuleBasedStateMachine):
         events: dict[int, list[tuple[str, Any]]] = {pk: [] for pk in ids}
         rows = Event.objects.filter(task_id__in=ids).order_by("id")
         for task_id, kind, data in rows.values_list("task_id", "kind", "data"):
+            assert task_id is not None
             events[task_id].append((kind, data))
         steps: dict[int, dict[int, StepState]] = {pk: {} for pk in ids}
         columns = ("task_id", "pk", "status", "attempts", "fencing_token")
