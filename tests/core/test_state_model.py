@@ -33,18 +33,10 @@ from approvals.workflows import generate_draft
 from tasks_app import services
 from tasks_app.engine import leases, runner
 from tasks_app.exceptions import InvalidTransition, NotPermitted
-from tasks_app.history import StepState, TaskState, fold_events
-from tasks_app.models import (
-    TERMINAL_TASK_STATUSES,
-    Event,
-    Step,
-    StepStatus,
-    Task,
-    TaskStatus,
-)
+from tasks_app.models import TERMINAL_TASK_STATUSES, Step, StepStatus, Task, TaskStatus
 from tasks_app.observability import invariants
 from tests.approval_support import ARTICLE
-from tests.conftest import backdate
+from tests.conftest import backdate, history_mismatches
 from tests.remotes import LoopbackRemote
 
 OPERATOR = "cli:model"
@@ -410,25 +402,9 @@ class StateModel(RuleBasedStateMachine):
 
     @invariant()
     def history_folds_to_stored_state(self) -> None:
-        """Each task's events, oldest first (``fold``), fold to its stored status and steps
-        (``TaskState.from_db``): read for all the tasks at once, in three queries."""
-        ids = self.task_ids()
-        events: dict[int, list[tuple[str, Any]]] = {pk: [] for pk in ids}
-        rows = Event.objects.filter(task_id__in=ids).order_by("id")
-        for task_id, kind, data in rows.values_list("task_id", "kind", "data"):
-            assert task_id is not None
-            events[task_id].append((kind, data))
-        steps: dict[int, dict[int, StepState]] = {pk: {} for pk in ids}
-        columns = ("task_id", "pk", "status", "attempts", "fencing_token")
-        for task_id, pk, status, attempts, token in Step.objects.filter(
-            task_id__in=ids
-        ).values_list(*columns):
-            steps[task_id][pk] = StepState(status, attempts, token)
-        stored = dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
-        assert stored.keys() == set(ids)
-        for pk in ids:
-            folded = fold_events(events[pk])
-            assert folded == TaskState(status=stored[pk], steps=steps[pk]), pk
+        """Each task's events fold to its stored state (``fold``, ``TaskState.from_db``),
+        read for all the tasks at once."""
+        assert history_mismatches(self.task_ids()) == {}
 
     @invariant()
     def queue_state_as_modelled(self) -> None:
