@@ -54,9 +54,10 @@ run: demo
 
 # The suite runs in TEST_PROCESSES processes side by side (pytest-xdist), each on a test
 # database and Redis keys of its own, each taking whole files, so a module's worker process
-# or browser starts once (tests/parallel_runs.py). TEST_PROCESSES=0: one process.
+# or browser starts once; the costliest files first (tests/parallel_runs.py).
+# TEST_PROCESSES=0: one process.
 TEST_PROCESSES ?= 2
-PARALLEL := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
+PARALLEL := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 test: install
 	@scripts/with-services.sh $(PY) -m pytest $(PARALLEL) -m "not chaos" $(PYTEST_ARGS)
