@@ -52,12 +52,19 @@ run: demo
 	@echo ""
 	PORT=$(PORT) WEB_PORT=$(PORT) HOST=$(HOST) $(PY) scripts/dev_processes.py -f Procfile.dev start
 
+# The suite runs in TEST_PROCESSES processes side by side (pytest-xdist), each on a test
+# database and Redis keys of its own, each taking whole files, so a module's worker process
+# or browser starts once; the costliest files first (tests/parallel_runs.py).
+# TEST_PROCESSES=0: one process.
+TEST_PROCESSES ?= 2
+PARALLEL := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
+
 test: install
-	@scripts/with-services.sh $(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
+	@scripts/with-services.sh $(PY) -m pytest $(PARALLEL) -m "not chaos" $(PYTEST_ARGS)
 
 # The quick loop: everything but the tests that start worker processes or a browser.
 test-fast: install
-	@scripts/with-services.sh $(PY) -m pytest -m "not e2e and not browser and not chaos" $(PYTEST_ARGS)
+	@scripts/with-services.sh $(PY) -m pytest $(PARALLEL) -m "not e2e and not browser and not chaos" $(PYTEST_ARGS)
 
 # The fault drills (docs/reliability.md) kill and restart the servers they run on, so they
 # get a PostgreSQL and a Redis of their own on spare ports, removed afterwards.

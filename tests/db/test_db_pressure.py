@@ -54,12 +54,14 @@ def in_thread_within(seconds: float, work: Any) -> list[BaseException]:
 
 @pytest.fixture
 def sleepers() -> Iterator[None]:
-    """Ends the server sessions a test left sleeping after their client cut them."""
+    """Ends the sessions a test left sleeping on its database after their client cut them
+    (those of other databases, such as another test process's, are not its own)."""
     yield
     with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE query LIKE 'SELECT pg_sleep%%' AND pid <> pg_backend_pid()"
+            "WHERE query LIKE 'SELECT pg_sleep%%' AND pid <> pg_backend_pid() "
+            "AND datname = current_database()"
         )
 
 

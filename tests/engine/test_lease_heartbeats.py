@@ -52,19 +52,6 @@ def test_a_heartbeat_extends_the_lease_by_the_database_clock() -> None:
     assert services.reap_expired_leases() == 0
 
 
-@pytest.mark.django_db
-def test_a_heartbeat_reports_that_the_running_task_was_cancelled() -> None:
-    task = services.enqueue("demo.noop", {}).task
-    held = claim(only_step(task))
-    assert services.heartbeat(held).cancel_requested is False
-
-    services.cancel(task, actor="cli:x", reason="customer withdrew")
-
-    beat = services.heartbeat(held)
-    assert (beat.alive, beat.cancel_requested) == (True, True)
-    assert fresh(only_step(task)).status == StepStatus.RUNNING
-
-
 # --- the heartbeat thread, end to end -----------------------------------------------------
 
 

@@ -1,60 +1,44 @@
-"""The demo seed of `make run` and the demo users' passwords."""
+"""The demo seed of `make run` and the demo users' passwords: what the seed leaves, read from
+one seed per module (tests/seed_support.py's ``seeded``), and a second run on top of it.
+The first run on an empty database: tests/project/test_seed_demo_first_run.py."""
 
 from __future__ import annotations
 
 import http.server
+import shutil
 import socket
 import stat
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db.models.functions import TruncMinute
-from django.http import HttpRequest
-from django.test import Client
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.management.commands import seed_demo
-from tasks_app.management.commands.demo_users import (
-    DEMO_USERS,
-    demo_address,
-    read_passwords,
-    wait_for,
-)
+from tasks_app.management.commands.demo_users import read_passwords, wait_for
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
-from tests.conftest import ensure_groups
+from tests.seed_support import demo_users, seed
+from tests.seed_support import seeded as seeded  # a fixture, for pytest to find
+from tests.seed_support import var_dir as var_dir  # a fixture, for pytest to find
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def var_dir(settings: Any, tmp_path: Path) -> Path:
-    settings.VAR_DIR = tmp_path
-    settings.PRODUCTION = False
-    # A transactional test before this one may have flushed the migration-made groups.
-    ensure_groups()
-    return tmp_path
-
-
-def seed() -> str:
-    out = StringIO()
-    call_command("seed_demo", stdout=out)
-    return out.getvalue()
-
-
-def demo_users(*args: str) -> str:
-    out = StringIO()
-    call_command("demo_users", *args, stdout=out, stderr=StringIO())
-    return out.getvalue()
+def demo(seeded: Path, var_dir: Path) -> Path:
+    """The demo as a first seed leaves it (seeded once for the module), with the password
+    file it wrote copied into this test's ``VAR_DIR``, which the test may change."""
+    shutil.copy2(seeded, var_dir / seeded.name)
+    return var_dir
 
 
 # --- what the seed leaves ---------------------------------------------------------------------
@@ -69,9 +53,8 @@ def demo_users(*args: str) -> str:
     ],
 )
 def test_it_leaves_a_dead_letter_of_each_error_class(
-    var_dir: Path, error_class: str, reason: str
+    demo: Path, error_class: str, reason: str
 ) -> None:
-    seed()
     fixed = Step.objects.exclude(task__idempotency_key__startswith=seed_demo.FRESH_PREFIX)
     step = fixed.select_related("task").get(
         status=StepStatus.DEAD, error_class=error_class, task__workflow="demo.flaky"
@@ -85,8 +68,7 @@ def test_it_leaves_a_dead_letter_of_each_error_class(
         assert step.attempts == step.max_attempts == 3
 
 
-def test_its_dead_letters_recover_the_way_the_console_offers(var_dir: Path) -> None:
-    seed()
+def test_its_dead_letters_recover_the_way_the_console_offers(demo: Path) -> None:
     for key in ("demo:dead:retryable", "demo:dead:permanent"):
         task = services.redrive(Task.objects.get(idempotency_key=key), actor="cli:t", reason="r")
         runner.run_task_steps(task)
@@ -99,8 +81,7 @@ def test_its_dead_letters_recover_the_way_the_console_offers(var_dir: Path) -> N
     assert unknown.status == TaskStatus.SUCCEEDED
 
 
-def test_it_leaves_an_article_at_revision_1_waiting_for_an_editor(var_dir: Path) -> None:
-    seed()
+def test_it_leaves_an_article_at_revision_1_waiting_for_an_editor(demo: Path) -> None:
     request = ApprovalRequest.objects.get(status=ApprovalStatus.PENDING, revision=1)
     task = request.task
     assert (task.workflow, task.status) == ("publish_article", TaskStatus.WAITING_APPROVAL)
@@ -117,8 +98,7 @@ def test_it_leaves_an_article_at_revision_1_waiting_for_an_editor(var_dir: Path)
     assert task.steps.get(kind="publish").status == StepStatus.PENDING
 
 
-def test_it_leaves_an_hour_of_finished_work(var_dir: Path) -> None:
-    seed()
+def test_it_leaves_an_hour_of_finished_work(demo: Path) -> None:
     now = services.db_now()
     succeeded = Task.objects.filter(
         status=TaskStatus.SUCCEEDED, idempotency_key__startswith="demo:history:"
@@ -137,8 +117,7 @@ def test_it_leaves_an_hour_of_finished_work(var_dir: Path) -> None:
         assert task.created_at <= step.started_at <= step.finished_at == task.finished_at
 
 
-def test_it_leaves_tasks_pending_for_the_worker(var_dir: Path) -> None:
-    seed()
+def test_it_leaves_tasks_pending_for_the_worker(demo: Path) -> None:
     pending = set(
         Task.objects.filter(status=TaskStatus.PENDING).values_list("idempotency_key", flat=True)
     )
@@ -150,8 +129,7 @@ def fixed_tasks() -> dict[int, str]:
     return dict(fixed.values_list("pk", "status"))
 
 
-def test_a_second_run_adds_a_fresh_batch_and_nothing_else(var_dir: Path) -> None:
-    seed()
+def test_a_second_run_adds_a_fresh_batch_and_nothing_else(demo: Path) -> None:
     users = User.objects.count()
     statuses = fixed_tasks()
     approvals_made = ApprovalRequest.objects.count()
@@ -171,8 +149,7 @@ def test_a_second_run_adds_a_fresh_batch_and_nothing_else(var_dir: Path) -> None
     )
 
 
-def test_a_second_run_leaves_a_decision_made_in_the_console_alone(var_dir: Path) -> None:
-    seed()
+def test_a_second_run_leaves_a_decision_made_in_the_console_alone(demo: Path) -> None:
     request = ApprovalRequest.objects.get(status=ApprovalStatus.PENDING, revision=1)
     approvals.reject(request, actor="cli:someone", comment="not this week")
     seed()
@@ -183,26 +160,7 @@ def test_a_second_run_leaves_a_decision_made_in_the_console_alone(var_dir: Path)
 # --- passwords ----------------------------------------------------------------------------------
 
 
-def test_it_keeps_each_new_password_in_a_file_only_its_owner_reads(var_dir: Path) -> None:
-    out = seed()
-    path = var_dir / "demo-users.txt"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    passwords = read_passwords()
-    assert set(passwords) == set(DEMO_USERS)
-    for username, password in passwords.items():
-        assert User.objects.get(username=username).check_password(password)
-        assert f"password: {password}" in out
-
-
-def test_it_keeps_no_password_file_in_production_mode(var_dir: Path, settings: Any) -> None:
-    settings.PRODUCTION = True
-    out = seed()
-    assert out.count("password:") == len(DEMO_USERS)
-    assert not (var_dir / "demo-users.txt").exists()
-
-
-def test_demo_users_shows_each_password_or_how_to_reset_it(var_dir: Path) -> None:
-    seed()
+def test_demo_users_shows_each_password_or_how_to_reset_it(demo: Path) -> None:
     passwords = read_passwords()
     oncall = User.objects.get(username="oncall")
     oncall.set_password("changed-in-the-admin")
@@ -214,8 +172,7 @@ def test_demo_users_shows_each_password_or_how_to_reset_it(var_dir: Path) -> Non
     assert "oncall   password unknown: reset it with manage.py demo_users --reset oncall" in out
 
 
-def test_demo_users_reset_gives_a_new_password_and_files_it(var_dir: Path) -> None:
-    seed()
+def test_demo_users_reset_gives_a_new_password_and_files_it(demo: Path) -> None:
     before = read_passwords()
     out = demo_users("--reset", "oncall")
     after = read_passwords()
@@ -227,7 +184,7 @@ def test_demo_users_reset_gives_a_new_password_and_files_it(var_dir: Path) -> No
     assert {k: v for k, v in after.items() if k != "oncall"} == {
         k: v for k, v in before.items() if k != "oncall"
     }
-    assert stat.S_IMODE((var_dir / "demo-users.txt").stat().st_mode) == 0o600
+    assert stat.S_IMODE((demo / "demo-users.txt").stat().st_mode) == 0o600
 
 
 def test_demo_users_reset_refuses_a_name_that_is_not_a_demo_user(var_dir: Path) -> None:
@@ -235,8 +192,7 @@ def test_demo_users_reset_refuses_a_name_that_is_not_a_demo_user(var_dir: Path) 
         demo_users("--reset", "mallory")
 
 
-def test_demo_users_refuses_in_production_mode(var_dir: Path, settings: Any) -> None:
-    seed()
+def test_demo_users_refuses_in_production_mode(demo: Path, settings: Any) -> None:
     settings.PRODUCTION = True
     with pytest.raises(CommandError, match="production"):
         demo_users()
@@ -271,40 +227,3 @@ def test_waiting_gives_up_at_its_deadline() -> None:
         port = probe.getsockname()[1]
     # Nothing listens on the port now: the first refusal is past a deadline of zero.
     assert not wait_for(f"http://127.0.0.1:{port}/", timeout=0)
-
-
-def test_the_demo_seed_creates_users_in_their_groups_and_tasks_once(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    ensure_groups()  # a transactional test before this one may have flushed them
-    call_command("seed_demo")
-    first = capsys.readouterr().out
-    call_command("seed_demo")
-    second = capsys.readouterr().out
-    assert first.count("password:") == len(DEMO_USERS)
-    assert "password:" not in second
-    assert User.objects.get(username="oncall").groups.filter(name="oncall").exists()
-    assert User.objects.get(username="auditor").groups.filter(name="auditors").exists()
-    assert User.objects.get(username="admin").is_superuser
-    # Two editors for a press release's quorum, a senior one for its escalation, each with
-    # an address for the demo's mail.
-    senior = User.objects.get(username="senior")
-    assert senior.groups.filter(name="senior_editors").exists()
-    assert User.objects.get(username="editor2").groups.filter(name="editors").exists()
-    assert senior.email == demo_address("senior")
-    seeded = len(seed_demo.DEMO_TASKS) + len(seed_demo.DEAD_LETTERS) + len(seed_demo.HISTORY)
-    demo = Task.objects.filter(idempotency_key__startswith="demo:")
-    fixed = demo.exclude(idempotency_key__startswith=seed_demo.FRESH_PREFIX)
-    assert fixed.count() == seeded
-    assert demo.count() == seeded + 2 * len(seed_demo.FRESH_BATCH)
-    # An article waits for the demo editor, who is allowed to decide on it.
-    editor = User.objects.get(username="editor")
-    assert editor.groups.filter(name="editors").exists()
-    waiting = Task.objects.get(idempotency_key="demo:publish:article-001:v1")
-    assert waiting.status == TaskStatus.WAITING_APPROVAL
-    request = ApprovalRequest.objects.get(task=waiting, status=ApprovalStatus.PENDING)
-    approvals.approve(request, actor=editor, draft_hash=request.draft_hash)
-    assert waiting.steps.get(kind="publish").status == StepStatus.PENDING
-    client = Client()
-    password = first.split("admin")[1].split("password:")[1].split()[0]
-    assert client.login(request=HttpRequest(), username="admin", password=password)
