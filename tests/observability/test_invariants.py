@@ -256,10 +256,8 @@ def test_it_finds_a_task_status_edited_without_an_event(db: None) -> None:
     task = noop()
     sql("UPDATE tasks_app_task SET status = 'succeeded' WHERE id = %s", task.pk)
 
-    assert findings() == [
-        f"history: task {task.pk}: stored state differs from its events: "
-        "status succeeded (events say pending)"
-    ]
+    differs = f"history: task {task.pk}: stored state differs from its events: "
+    assert findings() == [differs + "status succeeded (events say pending)"]
 
 
 @pytest.mark.no_fold_check
@@ -326,9 +324,8 @@ def test_it_finds_a_step_running_without_a_lease(db: None) -> None:
     step = running(task)
     sql("UPDATE tasks_app_step SET lease_expires_at = NULL WHERE id = %s", step.pk)
 
-    assert findings() == [
-        f"lease: task {task.pk}: step {step.pk} is running without a lease (token 1)"
-    ]
+    lease = f"lease: task {task.pk}: step {step.pk} is running without a lease (token 1)"
+    assert findings() == [lease]
 
 
 def _effect(step: Step, name: str, age: str) -> None:

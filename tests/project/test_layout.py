@@ -111,3 +111,16 @@ def test_a_workflow_in_an_installed_apps_workflows_module_registers_at_start(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "True", done.stdout
+
+
+# A test module longer than this wants splitting by the concern its tests share.
+MOST_TEST_LINES = 600
+
+
+def test_no_test_module_is_longer_than_one_sitting() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MOST_TEST_LINES
+    }
+    assert long == {}
