@@ -118,7 +118,7 @@ def make_due(
 
 
 def succeed(step: Step, result: Any, now: datetime) -> None:
-    """``step`` succeeded with ``result`` without a worker (a person's answer or draft)."""
+    """``step`` succeeded with ``result``, without a worker (an answer, a draft)."""
     step.status = StepStatus.SUCCEEDED
     step.result = result
     step.finished_at = now
@@ -206,11 +206,11 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | Non
 
     Returns the task's status, the approval step reached, and the doorbells to ring.
     """
-    now = db_now()
     bells: list[Doorbell] = []
     if ending.lease is not None and ending.token is not None:
         close_lease(step, ending.token, ending.lease)
         step.lease_expires_at = None
+    now = db_now()  # after the lease closed: a retry is never due before its failure ended
     if ending.status is not None:
         status = ending.status
     elif ending.handed_back:
