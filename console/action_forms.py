@@ -18,8 +18,10 @@ from django import forms
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from console import presenters
 from tasks_app import validation
-from tasks_app.models import TaskStatus
+from tasks_app.exceptions import InvalidInput
+from tasks_app.models import Task, TaskStatus
 from tasks_app.operations.task_actions import ACTIONS, ActionSpec, Param
 
 # What the delay field suggests (the browser's list; any other delay may be typed).
@@ -165,6 +167,36 @@ class PageForm:
     def bind(self, data: Any = None, **kwargs: Any) -> forms.Form:
         return self.form_class()(data, auto_id=f"{self.key}_%s", **kwargs)
 
+    def initial(self, task: Task) -> dict[str, Any]:
+        """What the form starts with: a JSON parameter shows the task's value (its
+        payload), with secrets hidden; a redrive puts back what was not changed."""
+        return {
+            param.name: presenters.pretty_json(getattr(task, param.name))
+            for param in self.params
+            if param.kind == "json"
+        }
+
+    def action(
+        self, data: Any, cleaned: dict[str, Any], task: Task
+    ) -> tuple[ActionSpec, dict[str, Any]]:
+        """The action a valid POST of this form asks for and its service's arguments: the
+        parameters given (a required one even when empty, for the service to refuse by
+        name), a JSON one with its redacted values restored from ``task``. A shared form
+        posted without one of its buttons' values is refused naming the choice."""
+        spec = self.chosen(data)
+        if spec is None:
+            key = next(iter(self.specs[0].fixed), "action")
+            values = " or ".join(repr(s.fixed.get(key, s.name)) for s in self.specs)
+            raise InvalidInput(key, "choice", f"{key}: must be {values}")
+        params: dict[str, Any] = {}
+        for param in self.params:
+            value = cleaned.get(param.name)
+            if param.kind == "json" and value is not None:
+                value = presenters.restore_redacted(value, getattr(task, param.name))
+            if value not in (None, "") or param.required:
+                params[param.name] = value
+        return spec, params
+
 
 def page_forms(specs: tuple[ActionSpec, ...] | list[ActionSpec]) -> list[PageForm]:
     """The task page's forms for ``specs`` (the actions offered, in the table's order):
@@ -185,6 +217,18 @@ def page_forms(specs: tuple[ActionSpec, ...] | list[ActionSpec]) -> list[PageFor
                 ordered = sorted(spec.params, key=lambda p: not p.variant)
                 heading = f"{spec.heading} with {variant}"
                 made.append(PageForm(variant, key, (spec,), tuple(ordered), heading, True))
+    return made
+
+
+def posted_form(url: str, data: Any) -> PageForm:
+    """The task page form a POST to ``/tasks/<id>/<url>/`` came from: the address's form,
+    or its one-task variant when one of that variant's own parameters was given (an edited
+    payload: "Redrive with changes"), so an error shows where it was typed."""
+    made = FORMS_BY_URL[url]
+    for variant in ALL_PAGE_FORMS:
+        one_task = [p.name for p in variant.params if p.variant]
+        if variant.url == url and any(data.get(n, "").strip() for n in one_task):
+            made = variant
     return made
 
 

@@ -33,11 +33,10 @@ from django_htmx.middleware import HtmxDetails
 from approvals import selectors as approval_selectors
 from approvals.services import DECIDE_PERMISSION
 from console import action_forms as action_forms_module
-from console import charts, errors, forms, presenters
+from console import charts, errors, forms
 from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.engine import presence
-from tasks_app.exceptions import InvalidInput
 from tasks_app.models import Task, TaskStatus
 from tasks_app.operations import listings, selectors
 from tasks_app.operations.task_actions import ACTIONS
@@ -207,7 +206,7 @@ def _task_page(
     offered = action_forms_module.page_forms(actions.offered)
     bound = {
         f"{made.key}_form": (action_forms or {}).get(f"{made.key}_form")
-        or made.bind(initial=_initial(made, task))
+        or made.bind(initial=made.initial(task))
         for made in offered
     }
     context = {
@@ -226,16 +225,6 @@ def _task_page(
     return render_page(request, "console/task_detail.html", context, partial="task", status=status)
 
 
-def _initial(made: action_forms_module.PageForm, task: Task) -> dict[str, Any]:
-    """What a form starts with: a JSON parameter shows the task's value (its payload), with
-    secrets hidden; a redrive puts back what was not changed."""
-    return {
-        param.name: presenters.pretty_json(getattr(task, param.name))
-        for param in made.params
-        if param.kind == "json"
-    }
-
-
 # How often a task page in each state refreshes itself, in seconds.
 REFRESH_SECONDS: dict[str, int] = {
     TaskStatus.PENDING: 3,
@@ -252,30 +241,16 @@ def task_act(request: ConsoleRequest, pk: int, form: str) -> HttpResponse:
     shared form's button says which of its actions) and answer with the task's page. A
     one-task parameter given (an edited payload) makes it that parameter's form, so an
     error shows where it was typed."""
-    made = action_forms_module.FORMS_BY_URL[form]
+    made = action_forms_module.posted_form(form, request.POST)
     if not any(request.user.has_perm(f"tasks_app.{spec.permission}") for spec in made.specs):
         raise PermissionDenied
     task = get_object_or_404(Task, pk=pk)
-    for variant in action_forms_module.ALL_PAGE_FORMS:
-        one_task = [p.name for p in variant.params if p.variant]
-        if variant.url == form and any(request.POST.get(n, "").strip() for n in one_task):
-            made = variant
     bound = made.bind(request.POST)
     name = f"{made.key}_form"
     if not bound.is_valid():
         return _task_page(request, task, status=400, action_forms={name: bound})
     try:
-        spec = made.chosen(request.POST)
-        if spec is None:
-            raise _no_button(made)
-        params: dict[str, Any] = {}
-        for param in made.params:
-            value = bound.cleaned_data.get(param.name)
-            if param.kind == "json" and value is not None:
-                # Redacted values keep what they hide unless replaced.
-                value = presenters.restore_redacted(value, getattr(task, param.name))
-            if value not in (None, "") or param.required:
-                params[param.name] = value
+        spec, params = made.action(request.POST, bound.cleaned_data, task)
         services.run_action(spec.name, task, actor=request.user, **params)
     except errors.REFUSED as exc:
         refused = errors.refusal(request, exc, bound)
@@ -288,10 +263,3 @@ def task_act(request: ConsoleRequest, pk: int, form: str) -> HttpResponse:
         task.refresh_from_db()
         return _task_page(request, task)
     return redirect("console:task", pk=task.pk)
-
-
-def _no_button(made: action_forms_module.PageForm) -> InvalidInput:
-    """A shared form posted without one of its buttons' values."""
-    key = next(iter(made.specs[0].fixed), "action")
-    values = " or ".join(repr(spec.fixed.get(key, spec.name)) for spec in made.specs)
-    return InvalidInput(key, "choice", f"{key}: must be {values}")
