@@ -16,7 +16,7 @@ from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fastpath import insert_tasks
-from tasks_app.engine.states import initial_status
+from tasks_app.engine.states import make_due, new_step
 from tasks_app.engine.transitions import bump_counter, fast_path_enabled
 from tasks_app.engine.workflows import Workflow, registry
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, all_of
@@ -291,22 +291,20 @@ def _insert_with_orm(
     for index, item in fresh:
         task = created[index]
         for position, spec in enumerate(item.workflow.steps):
-            first = position == 0
-            steps.append(
-                Step(
-                    task=task,
-                    position=position,
-                    revision=0,
-                    kind=spec.kind,
-                    status=initial_status(position),
-                    queue=task.queue,
-                    priority=task.priority,
-                    max_attempts=spec.max_attempts,
-                    available_at=(item.run_after or now) if first else None,
-                    dispatched_at=(item.run_after or now) if first else None,
-                    idempotency_key=step_key(task.key, position, spec.kind),
-                )
+            step = new_step(
+                task=task,
+                position=position,
+                revision=0,
+                kind=spec.kind,
+                queue=task.queue,
+                priority=task.priority,
+                max_attempts=spec.max_attempts,
+                idempotency_key=step_key(task.key, position, spec.kind),
             )
+            if position == 0:
+                # Rung after the commit with the others (enqueue's doorbells).
+                make_due(step, item.run_after or now)
+            steps.append(step)
     Step.objects.bulk_create(steps)
 
     by_task: dict[int, list[Step]] = {}

@@ -237,7 +237,8 @@ _TASK_INSERT_COLUMNS = """id, workflow, workflow_version, payload, payload_hash,
 _TASK_INSERT_VALUES = """id, workflow, version, payload, hash, key, queue, priority, 'pending',
     %(author)s, %(user)s, statement_timestamp(), statement_timestamp(), NULL, NULL"""
 
-# ORM twin: enqueueing._insert_with_orm. Each step's key is models.step_key's (revision 0),
+# ORM twin: enqueueing._insert_with_orm (states.new_step, the first made due by
+# states.make_due). Each step's key is models.step_key's (revision 0),
 # restated in SQL.
 # One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
 # enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.

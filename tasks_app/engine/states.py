@@ -11,7 +11,7 @@ with it, and what the task becomes.
 - :func:`settle_task`: the task's status derived from its current steps.
 - And the statuses a person's action or a revision gives: :func:`succeed`,
   :func:`wait_for_approval`, :func:`cancel_steps`, :func:`supersede`, and a new row's
-  (:func:`initial_status`, :func:`new_step`).
+  (:func:`new_step`).
 
 Nothing else assigns a step's status (``tests/engine/test_one_state_machine.py`` reads the
 code for it). The fast path's SQL (``tasks_app.engine.sql``: the batch claim and
@@ -63,14 +63,10 @@ FAILED_ATTEMPT_EVENTS: dict[str, str] = {
 }
 
 
-def initial_status(position: int) -> str:
-    """A new task's step: the first is due, the others wait for the one before."""
-    return StepStatus.PENDING if position == 0 else StepStatus.BLOCKED
-
-
 def new_step(**fields: Any) -> Step:
-    """A new row of a revision (unsaved), ``blocked`` until the one before it succeeds; the
-    caller makes the first one due (:func:`make_due`) or succeeded (:func:`succeed`)."""
+    """A new step row (unsaved: a new task's, a revision's), ``blocked`` until the one
+    before it succeeds; the caller makes the first one due (:func:`make_due`) or succeeded
+    (:func:`succeed`)."""
     return Step(status=StepStatus.BLOCKED, **fields)
 
 

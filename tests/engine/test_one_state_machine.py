@@ -22,7 +22,8 @@ OTHER_STATUSES = {
     # An effect's in the ledger: started, then done.
     ("tasks_app.engine.effects", "run"),
     ("tasks_app.operations.operator_actions", "resolve"),
-    # A new task's rows, as enqueue makes them: pending, its steps' from initial_status.
+    # A new task's row, as enqueue makes it: pending (its steps' statuses are new_step's
+    # and make_due's).
     ("tasks_app.engine.enqueueing", "_insert_with_orm"),
     # An error's HTTP status.
     ("tasks_app.exceptions", "__init__"),
