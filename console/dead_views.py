@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.shortcuts import redirect
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -166,7 +167,8 @@ def _apply_plan(request: ConsoleRequest, form: forms.BulkForm) -> services.BulkR
 
 
 def _bulk_summary(report: services.BulkReport) -> str:
-    text = f"{ACTIONS[report.action].label}: {len(report.changed)} task(s) changed"
+    changed = len(report.changed)
+    text = f"{ACTIONS[report.action].label}: {changed} task{pluralize(changed)} changed"
     if report.skipped:
         text += f", {len(report.skipped)} skipped"
     if report.limited:

@@ -253,3 +253,26 @@ def test_a_bulk_result_links_its_plan_only_for_who_may_open_the_audit_log(
     expect(page.get_by_role("heading", level=1)).to_have_text("Audit log")
     expect(page.locator("#results tbody tr")).to_have_count(1)
     expect(page.locator("#results tbody tr")).to_contain_text(f"#{tasks[0].pk}")
+
+
+def test_a_confirm_clicked_the_moment_it_shows_is_answered_in_place(
+    page: Page, causes: None, oncall: User
+) -> None:
+    """The quickest person: the preview's confirm button is clicked by script in the same
+    moment the answer inserts it. It must already be wired to htmx, or the browser posts
+    the form itself and the page reloads."""
+    log_in(page, oncall)
+    tasks, bulk = open_cause(page, 1)
+    watch(page)
+    # Answers replace #bulk whole: the observer watches the page, and clicks once.
+    page.evaluate(
+        """() => new MutationObserver((changes, observer) => {
+            const button = [...document.querySelectorAll('#bulk button')]
+                .find(b => b.textContent.trim() === 'Cancel 1 task');
+            if (button) { observer.disconnect(); button.click(); }
+        }).observe(document.body, {childList: true, subtree: true})"""
+    )
+    preview(bulk, "Cancel task", "Obsolete")
+    expect(bulk.locator(".notice.success")).to_contain_text("Cancel task: 1 task changed")
+    not_reloaded(page)
+    assert Task.objects.get(pk=tasks[0].pk).status == TaskStatus.CANCELLED

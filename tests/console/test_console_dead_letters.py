@@ -248,7 +248,7 @@ def test_a_plain_bulk_post_redirects_to_the_filtered_list_with_a_summary(oncall:
         "/dead/bulk/", {**data, "confirm": "1", "plan": plan_of(preview)}, follow=True
     )
     assert response.redirect_chain == [("/dead/?workflow=demo.flaky", 302)]
-    assert "Cancel task: 1 task(s) changed." in body(response)
+    assert "Cancel task: 1 task changed." in body(response)
 
 
 def test_a_confirmed_plan_is_applied_once_and_a_second_confirm_changes_nothing(
