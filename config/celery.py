@@ -180,6 +180,14 @@ def _stop_recording_claims(**kwargs: Any) -> None:
     crashes.stop_recording()
 
 
+@worker_process_shutdown.connect
+def _write_counts(**kwargs: Any) -> None:
+    """A pool process ends without running exit handlers: what it counted is written now."""
+    from tasks_app.history import counting
+
+    counting.flush_at_exit()
+
+
 @worker_shutdown.connect
 def _remove_claims_records(**kwargs: Any) -> None:
     from tasks_app.engine import crashes

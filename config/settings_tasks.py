@@ -50,6 +50,10 @@ TASKS_SQL_FAST_PATH = env_bool("TASKS_SQL_FAST_PATH", default=True)
 # The longest a producer (or a worker after a completion) waits for its doorbell to be
 # published; a hung broker holds up only the publishing thread, the sweeper rings later.
 TASKS_PUBLISH_WAIT_MS = env_int("TASKS_PUBLISH_WAIT_MS", 250, minimum=0)
+# Metrics counters are kept in each process's memory and written this often (one statement
+# for all of them), not beside every change they count: a process killed outright loses at
+# most its last interval's counts (tasks_app.history.counting).
+TASKS_COUNTER_FLUSH_MS = env_int("TASKS_COUNTER_FLUSH_MS", 1000)
 # ... for at most this long, then rings for the rest and frees itself.
 TASKS_DRAIN_SECONDS = env_int("TASKS_DRAIN_SECONDS", 5)
 # A rolling deploy: a step whose workflow version a worker does not have registered is

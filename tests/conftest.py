@@ -24,7 +24,7 @@ from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 from django.db.models import F
 
 from tasks_app.engine.dispatch import publisher
-from tasks_app.history import StepState, TaskState, fold_events
+from tasks_app.history import StepState, TaskState, counting, fold_events
 from tasks_app.models import Event, Step, Task
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.remotes import LoopbackRemote, loopback_remotes
@@ -327,6 +327,22 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"ALTER DATABASE {name} SET tasks_app.allow_truncate = 'on'")
             cursor.execute("SET tasks_app.allow_truncate = 'on'")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _counts_written_when_read() -> None:
+    """In this process the counters' writer thread never writes on its own: a test's counts
+    are written when it reads them (``counting.totals``), into its own database. Worker
+    processes the tests start write theirs as in production."""
+    settings.TASKS_COUNTER_FLUSH_MS = 10**9
+
+
+@pytest.fixture(autouse=True)
+def _counts_afresh() -> Iterator[None]:
+    """What an earlier test counted and never read is not written into this one's database."""
+    counting.discard_unwritten()
+    yield
+    counting.discard_unwritten()
 
 
 @pytest.fixture(scope="session", autouse=True)

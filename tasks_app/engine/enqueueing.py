@@ -235,6 +235,7 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
         created = insert_tasks(unique, author=author, user_id=user_id)
     else:
         created = _insert_with_orm(unique, author=author, user_id=user_id)
+    counting.add(collections.Counter(f"{counting.ENQUEUED}:{t.workflow}" for t in created.values()))
 
     taken = [item.idempotency_key for index, item in unique if index not in created]
     holders = (
@@ -328,7 +329,6 @@ def _insert_with_orm(
             for task in created.values()
         ]
     )
-    counting.add(collections.Counter(f"{counting.ENQUEUED}:{t.workflow}" for t in created.values()))
     ring_on_commit(
         [
             Doorbell(s.pk, s.queue, max((s.available_at - now).total_seconds(), 0.0))

@@ -14,6 +14,7 @@ its tasks in id order before touching their steps.
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -41,7 +42,7 @@ from tasks_app.engine.sql import (
 from tasks_app.engine.states import announce_on_commit, record_ending
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
-from tasks_app.history.counting import STEP_SECONDS_BUCKETS, bucket_label
+from tasks_app.history import counting
 from tasks_app.models import EventKind, Step, Task, TaskStatus
 
 if TYPE_CHECKING:
@@ -68,13 +69,6 @@ class Insertable(Protocol):
     def priority(self) -> int: ...
     @property
     def run_after(self) -> datetime | None: ...
-
-
-# The step duration histogram's bounds and their counter labels (counting.bucket_of).
-STEP_SECONDS_PARAMS = {
-    "negated_bounds": sorted(-float(bound) for bound in STEP_SECONDS_BUCKETS),
-    "labels": [bucket_label(bound) for bound in STEP_SECONDS_BUCKETS],
-}
 
 
 @contextmanager
@@ -131,6 +125,7 @@ def claim_batch(
         step = _from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
         step.task = _from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
         claims.append(Claim.of(step, worker_id=worker_id, lease_seconds=lease, keep=True))
+    counting.add(collections.Counter(f"{counting.CLAIMED}:{claim.queue}" for claim in claims))
     return claims
 
 
@@ -243,7 +238,6 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
                     for _, result in unique
                 ],
                 "actors": [f"worker:{claim.worker_id}" for claim, _ in unique],
-                **STEP_SECONDS_PARAMS,
             },
             prepare=True,
         )
@@ -251,6 +245,9 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
         # A completion counts for the claim whose token holds the step, not for a stale
         # claim of the same step in the same call.
         held = {(pk, int(token)) for what, pk, token, *_ in rows if what == "done"}
+        _count_run_times(
+            unique, {pk: float(seconds) for what, pk, seconds, *_ in rows if what == "ran"}
+        )
         ring_on_commit([Doorbell(pk, queue) for what, pk, queue, *_ in rows if what == "next"])
         settled = {
             row[1]: _from_row(Task, TASK_COLUMNS, row[3:]) for row in rows if row[0] == "settled"
@@ -269,6 +266,22 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
                 reason=leases.CANCELLED_WHILE_RUNNING,
             )
     return held
+
+
+def _count_run_times(unique: Sequence[tuple[Claim, Any]], seconds: dict[int, float]) -> None:
+    """Each accepted success's run time into its workflow's histogram."""
+    workflows = {
+        claim.step_id: claim.step.task.workflow
+        for claim, _ in unique
+        if claim.step is not None and claim.step_id in seconds
+    }
+    if missing := seconds.keys() - workflows.keys():
+        workflows |= dict(Step.objects.filter(pk__in=missing).values_list("pk", "task__workflow"))
+    by_workflow: dict[str, list[float]] = collections.defaultdict(list)
+    for pk, run in seconds.items():
+        by_workflow[workflows[pk]].append(run)
+    for workflow, runs in by_workflow.items():
+        counting.add(counting.step_seconds(runs, workflow))
 
 
 def queue_has_due_steps(queue: str) -> bool:

@@ -10,20 +10,9 @@ from __future__ import annotations
 from functools import cache
 
 from tasks_app.exceptions import LEASE_EXPIRED
-from tasks_app.history.counting import CLAIMED, ENQUEUED, SHARDS, STEP_SECONDS
 
 # "A step is due", as models.StepQuerySet.due says it, for the statements below.
 DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
-
-
-# ORM twin: counting.add. Adds the (name, count) rows of a SELECT to the metrics counters,
-# each name on this backend's shard.
-def _count_into(select: str) -> str:
-    return f"""
-    INSERT INTO tasks_app_counter (name, value)
-    SELECT name || '#' || (pg_backend_pid() %% {SHARDS}), n FROM ({select}) AS counts
-    WHERE n > 0 ORDER BY 1
-    ON CONFLICT (name) DO UPDATE SET value = tasks_app_counter.value + excluded.value"""  # noqa: S608 (the select is one of the statements below)
 
 
 # The columns of a step and of a task in the order of the models' concrete fields
@@ -118,7 +107,6 @@ WITH target AS (
 ), tasks AS (
     UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
     FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
-), counted AS ({_count_into(f"SELECT '{CLAIMED}:' || queue AS name, count(*) AS n FROM claimed GROUP BY queue")}
 )
 SELECT {_CLAIM_ROWS}
 FROM claimed c JOIN tasks_app_task t ON t.id = c.task_id
@@ -201,26 +189,6 @@ WITH input AS (
              LEFT JOIN nxt ON nxt.task_id = done.task_id
     ) AS e
     ORDER BY task_id
-), timed AS (
-    -- counting.bucket_of: each run's bucket (the smallest bound it fits), and the sum, per
-    -- workflow (counting.step_seconds_name), the workflow read from the settled task row.
-    SELECT settled.workflow,
-           extract(epoch FROM statement_timestamp() - done.started_at)::float8 AS seconds
-    FROM done JOIN settled ON settled.id = done.task_id
-), counted AS ({
-    _count_into(f"""
-    -- The number of bounds at or above the run time, counted by width_bucket over the
-    -- bounds negated (ascending): the run's bucket is the smallest of them, or none.
-    SELECT '{STEP_SECONDS}@' || timed.workflow || ':le=' || COALESCE(
-               (%(labels)s::text[])[cardinality(%(labels)s::text[]) + 1
-                                   - width_bucket(-timed.seconds, %(negated_bounds)s::float8[])],
-               'inf'
-           ) AS name, count(*) AS n
-    FROM timed GROUP BY 1
-    UNION ALL
-    SELECT '{STEP_SECONDS}@' || workflow || ':sum_ms', round(sum(seconds) * 1000)::bigint
-    FROM timed GROUP BY workflow""")
-}
 )
 SELECT 'settled', id, status, {", ".join(TASK_COLUMNS)}
 FROM settled WHERE status IN ('succeeded', 'cancelled')
@@ -228,6 +196,9 @@ UNION ALL
 SELECT 'done', id, fencing_token::text, {_NO_TASK} FROM done
 UNION ALL
 SELECT 'next', id, queue, {_NO_TASK} FROM nxt
+UNION ALL
+SELECT 'ran', id, extract(epoch FROM statement_timestamp() - started_at)::text, {_NO_TASK}
+FROM done
 """  # noqa: S608 (the column names are constants, not input)
 
 
@@ -296,7 +267,6 @@ WITH input AS (
            t.created_at
     FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
     ORDER BY t.id
-), counted AS ({_count_into(f"SELECT '{ENQUEUED}:' || i.workflow AS name, count(*) AS n FROM tasks t JOIN input i ON i.id = t.id GROUP BY i.workflow")}
 )
 SELECT i.ord, t.id, t.created_at, st.first_step, st.available_at
 FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id

@@ -1,20 +1,30 @@
-"""Metrics counters written beside the changes they count (``tasks_app.observability.metrics`` reads
-them, and ``tasks_app.observability.workflow_figures`` samples them per workflow).
+"""Metrics counters (``tasks_app.observability.metrics`` reads them, and
+``tasks_app.observability.workflow_figures`` samples them per workflow).
 
-A counter row is ``<name>#<shard>``: each process adds to its own shard (its pid, or on
-PostgreSQL's hot path its backend's pid, modulo ``SHARDS``), so concurrent writers rarely
-wait on one row, and a reader adds the shards up.
+What a change counts is added, once its transaction commits, to its process's memory, and
+a background thread writes what gathered every ``TASKS_COUNTER_FLUSH_MS`` in one statement
+of its own: an execution writes no counter row (DESIGN rule 11), and a process killed
+outright loses at most its last interval's counts. Reading flushes the reader's own counts
+first. Counts that must move with their change (the pruned events' tally) are written in
+its transaction by :func:`upsert`.
+
+A counter row is ``<name>#<shard>``: each process adds to its own shard (its pid modulo
+``SHARDS``), so concurrent writers rarely wait on one row, and a reader adds the shards up.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import logging
 import math
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from django.db import connection
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection, transaction
 
 from tasks_app.models import OPERATOR_EVENT_KINDS, RARE_EVENT_KINDS, EventKind
 from tasks_app.models import Counter as CounterRow
@@ -62,10 +72,83 @@ def bucket_of(seconds: float, workflow: str) -> str:
 
 
 def add(counts: Mapping[str, int]) -> None:
-    """Add ``counts`` to this process's shard of their counters inside the current
-    transaction, so they commit or roll back with the change they count. The ORM path's
-    twin of the counting CTEs of the hot path's statements (``sql._count_into``)."""
-    upsert({f"{name}#{os.getpid() % SHARDS}": n for name, n in counts.items()})
+    """Count ``counts`` once the current transaction commits (at once outside one); a
+    rollback counts nothing."""
+    counted = {name: n for name, n in counts.items() if n}
+    if counted:
+        transaction.on_commit(lambda: _pending.remember(counted))
+
+
+def flush() -> None:
+    """Write this process's counts now (each write is one statement of its own)."""
+    _pending.flush()
+
+
+def flush_at_exit() -> None:
+    """:func:`flush` for a process ending: a database that does not answer loses the counts,
+    with a warning."""
+    try:
+        flush()
+    except DatabaseError:
+        log.warning("metrics counts of this process lost: not written at exit", exc_info=True)
+
+
+def discard_unwritten() -> None:
+    """Drop this process's counts not yet written (a test starting afresh)."""
+    _pending.discard()
+
+
+class _Pending:
+    """This process's counts not yet written, and the thread that writes them."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+        atexit.register(flush_at_exit)
+
+    def _reset(self) -> None:
+        # Also run in a forked child: its parent's counts are its parent's to write.
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def remember(self, counts: Mapping[str, int]) -> None:
+        with self._lock:
+            self._counts.update(counts)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="counters", daemon=True)
+                self._thread.start()
+
+    def discard(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def flush(self) -> None:
+        with self._lock:
+            counts, self._counts = self._counts, collections.Counter()
+        if not counts:
+            return
+        try:
+            with transaction.atomic():
+                upsert({f"{name}#{os.getpid() % SHARDS}": n for name, n in counts.items()})
+        except DatabaseError:
+            with self._lock:
+                self._counts.update(counts)  # kept for the next flush
+            raise
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(settings.TASKS_COUNTER_FLUSH_MS / 1000)
+            close_old_connections()
+            try:
+                self.flush()
+            except DatabaseError:
+                log.warning("metrics counters not written; trying again", exc_info=True)
+
+
+log = logging.getLogger(__name__)
+_pending = _Pending()
 
 
 def upsert(counts: Mapping[str, int]) -> None:
@@ -98,7 +181,8 @@ def step_seconds(durations: Iterable[float], workflow: str) -> dict[str, int]:
 
 
 def totals() -> dict[str, int]:
-    """Every counter, its shards added up."""
+    """Every counter, its shards added up (this process's own counts written first)."""
+    flush()
     summed: collections.Counter[str] = collections.Counter()
     for name, value in CounterRow.objects.values_list("name", "value"):
         summed[name.split("#", 1)[0]] += value

@@ -17,7 +17,6 @@ Apps add their own figures with :func:`register_part` (approvals does for its re
 
 from __future__ import annotations
 
-import collections
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -27,6 +26,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from tasks_app.engine import presence
+from tasks_app.history import counting
 from tasks_app.history.counting import (
     CLAIMED,
     COUNTED_EVENT_KINDS,
@@ -36,7 +36,6 @@ from tasks_app.history.counting import (
     bucket_label,
     step_seconds_histogram,
 )
-from tasks_app.models import Counter as CounterRow
 from tasks_app.models import Step, StepStatus, Task
 from tasks_app.operations import selectors
 from tasks_app.operations.retention import PRUNED_COUNTER_PREFIX
@@ -50,13 +49,6 @@ _parts: dict[str, Part] = {}
 def register_part(name: str, part: Part) -> None:
     """Have ``/metrics`` also report what ``part()`` yields (an app's own figures)."""
     _parts[name] = part
-
-
-def counter_totals() -> dict[str, int]:
-    totals: collections.Counter[str] = collections.Counter()
-    for name, value in CounterRow.objects.values_list("name", "value"):
-        totals[name.split("#", 1)[0]] += value
-    return dict(totals)
 
 
 def _labelled(totals: Mapping[str, int], prefix: str) -> dict[str, int]:
@@ -132,7 +124,7 @@ def work_now() -> Iterator[Metric]:
 
 
 def history() -> Iterator[Metric]:
-    totals = counter_totals()
+    totals = counting.totals()
 
     enqueued = CounterMetricFamily(
         "tasks_enqueued", "Tasks created by enqueue.", labels=["workflow"]

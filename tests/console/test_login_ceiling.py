@@ -19,7 +19,7 @@ from django.test import Client
 from tests.console_support import body
 from tests.metrics_support import scrape, value
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 PAIR_LIMIT = 3
 CEILING = 6

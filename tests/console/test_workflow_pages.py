@@ -19,7 +19,7 @@ from tasks_app.observability import workflow_samples as ws
 from tests.console_support import HTMX, body, login
 from tests.factories import dead_task
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def history() -> None:

@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 from approvals import services as approvals
 from tasks_app import services
 from tasks_app.engine.dispatch import Doorbell, publish
-from tasks_app.models import Event, Lease, Step, Task, TaskStatus
+from tasks_app.models import Counter, Event, Lease, Step, Task, TaskStatus
 from tests.approval_support import ARTICLE, pending_request
 from tests.conftest import event_kinds
 from tests.e2e_support import Worker, wait_for, worker_on_test_database
@@ -239,3 +239,27 @@ def test_an_article_is_drafted_reviewed_and_published_once_by_a_real_worker(
     approved = Event.objects.for_task(task.pk).get(kind="approved")
     assert (approved.actor, approved.actor_user_id) == (editor.username, editor.pk)
     worker.assert_quiet(since=mark)
+
+
+def test_a_worker_writes_what_it_counted_on_its_own_within_a_few_seconds(worker: Worker) -> None:
+    """The worker keeps its counts in memory and writes them every second: nobody reads
+    through it, yet its claims and run times reach the counter rows."""
+
+    def stored(prefix: str) -> int:
+        names = Counter.objects.filter(name__startswith=prefix).values_list("value", flat=True)
+        return sum(names)
+
+    claimed_before = stored("claimed:default#")
+    runs_before = stored("step_seconds@demo.noop:le=")
+    tasks = [services.enqueue("demo.noop", {"count": n}).task for n in range(3)]
+    for task in tasks:
+        assert settle(task, worker).status == TaskStatus.SUCCEEDED
+
+    wait_for(
+        lambda: (
+            stored("claimed:default#") >= claimed_before + 3
+            and stored("step_seconds@demo.noop:le=") >= runs_before + 3
+        ),
+        timeout=15,
+        what=lambda: f"the worker's counts in the counter rows\n{worker.tail()}",
+    )

@@ -197,7 +197,7 @@ def test_the_first_step_is_rung_once_the_enqueue_commits(
         task = services.enqueue(three_steps.name, {}).task
         assert broker.step_ids() == []  # not before commit
 
-    assert len(callbacks) == 1
+    assert callbacks  # the doorbell's (and the counts') ran at the commit
     first = task.steps.get(position=0)
     assert broker.step_ids() == [first.pk]
 

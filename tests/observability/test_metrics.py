@@ -34,7 +34,7 @@ def drain(task: Task) -> None:
     runner.drain(only_step(task).pk)
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_metrics_report_the_work_and_its_history(client: Client, path: str) -> None:
     done = [services.enqueue("demo.noop", {"n": n}).task for n in range(3)]
     for task in done:
@@ -85,7 +85,7 @@ def test_the_metrics_report_the_work_and_its_history(client: Client, path: str) 
     assert 0 <= value(samples, "tasks_sweeper_last_run_age_seconds") < 60
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_step_duration_histogram_puts_each_run_in_its_bucket(client: Client, path: str) -> None:
     drain(services.enqueue("demo.noop", {"n": "quick"}).task)
     slow = services.enqueue("demo.noop", {"n": "slow"}).task
@@ -110,7 +110,7 @@ def test_the_step_duration_histogram_puts_each_run_in_its_bucket(client: Client,
     assert 42 <= value(samples, "tasks_step_duration_seconds_sum") < 60
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_cancel_that_lands_while_the_step_runs_is_counted_once(client: Client, path: str) -> None:
     task = services.enqueue("demo.noop", {}).task
     claim = services.claim_step(only_step(task).pk, worker_id="box:1")
@@ -129,7 +129,7 @@ def test_a_cancel_that_lands_while_the_step_runs_is_counted_once(client: Client,
     assert value(samples, "tasks_events_total", kind="cancelled") == 1
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_nothing_is_counted_for_an_enqueue_that_rolled_back(client: Client, path: str) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         services.enqueue("demo.noop", {})
@@ -138,7 +138,7 @@ def test_nothing_is_counted_for_an_enqueue_that_rolled_back(client: Client, path
     assert value(scrape(client), "tasks_enqueued_total", workflow="demo.noop") == 0
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_event_counters_do_not_go_down_when_retention_prunes_history(
     client: Client, settings: Any
 ) -> None:
@@ -160,7 +160,7 @@ def test_the_event_counters_do_not_go_down_when_retention_prunes_history(
     assert value(after, "tasks_claims_total", queue="default") == 2
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_metrics_report_pending_approvals_and_how_long_decisions_took(
     client: Client, editor: User, remotes: Any
 ) -> None:
@@ -194,7 +194,7 @@ def test_the_metrics_report_pending_approvals_and_how_long_decisions_took(
 # --- who may read it --------------------------------------------------------------------------
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_metrics_answer_the_loopback_and_refuse_another_address(client: Client) -> None:
     assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
     refused = client.get("/metrics", REMOTE_ADDR="10.1.2.3")
@@ -202,7 +202,7 @@ def test_metrics_answer_the_loopback_and_refuse_another_address(client: Client) 
     assert b"tasks_" not in refused.content
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("authorization", "status"),
     [("", 401), ("Bearer wrong", 401), ("Bearer s3cret-token", 200), ("s3cret-token", 401)],
@@ -218,7 +218,7 @@ def test_metrics_take_the_token_from_anywhere(
         assert response["WWW-Authenticate"].startswith("Bearer")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_once_a_token_is_set_the_networks_no_longer_open_the_metrics(
     client: Client, settings: Any
 ) -> None:
@@ -237,7 +237,7 @@ def test_once_a_token_is_set_the_networks_no_longer_open_the_metrics(
     assert client.get("/metrics", REMOTE_ADDR="127.0.0.1", headers=bearer).status_code == 200
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_behind_a_trusted_proxy_the_networks_are_checked_against_the_client(
     client: Client, settings: Any
 ) -> None:
@@ -252,7 +252,7 @@ def test_behind_a_trusted_proxy_the_networks_are_checked_against_the_client(
     assert client.get("/metrics").status_code == 200  # a scraper on the machine itself
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_metrics_answer_an_allowed_network_and_none_means_none(
     client: Client, settings: Any
 ) -> None:

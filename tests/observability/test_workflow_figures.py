@@ -76,7 +76,7 @@ def row(rows: list[wf.Row], workflow: str) -> wf.Row:
 # --- the counters, per workflow ----------------------------------------------------------------
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_each_workflows_run_times_are_counted_under_its_name_on_both_paths(path: str) -> None:
     succeed("demo.noop", 2)
     succeed("demo.flaky", 1)
@@ -91,7 +91,7 @@ def test_each_workflows_run_times_are_counted_under_its_name_on_both_paths(path:
     assert not any(name.startswith("step_seconds:") for name in names)
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_completion_batch_of_two_workflows_counts_each_under_its_own(path: str) -> None:
     tasks = [services.enqueue(w, {}).task for w in ("demo.noop", "demo.flaky", "demo.noop")]
     claims = [claim(only_step(task)) for task in tasks]
@@ -110,7 +110,7 @@ def test_a_completion_batch_of_two_workflows_counts_each_under_its_own(path: str
     assert 84 <= live("demo.noop").run_times.sum_ms / 1000 < 120
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_retries_and_dead_letters_are_counted_per_workflow_wherever_they_happen() -> None:
     retried_then_succeeded()
     dead()
@@ -130,7 +130,7 @@ def test_retries_and_dead_letters_are_counted_per_workflow_wherever_they_happen(
 # --- sampling ------------------------------------------------------------------------------------
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_sample_holds_each_workflows_totals_and_the_next_waits_a_minute() -> None:
     succeed("demo.noop", 2)
     retried_then_succeeded()
@@ -153,7 +153,7 @@ def test_a_sample_holds_each_workflows_totals_and_the_next_waits_a_minute() -> N
     assert (newest.succeeded, newest.hourly) == (3, False)
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_workflow_first_counted_since_the_last_sample_starts_from_zero_there() -> None:
     now = db_now().replace(minute=10, second=0, microsecond=0)
     succeed("demo.noop")
@@ -169,7 +169,7 @@ def test_a_workflow_first_counted_since_the_last_sample_starts_from_zero_there()
     assert hour is not None and hour.succeeded == 2
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_an_unchanged_workflow_still_gets_its_hourly_sample() -> None:
     succeed("demo.noop")
     now = db_now().replace(minute=59, second=0, microsecond=0)
@@ -179,7 +179,7 @@ def test_an_unchanged_workflow_still_gets_its_hourly_sample() -> None:
     assert hourly == [True, True]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_sweeper_samples_and_reports_it_as_no_work() -> None:
     succeed("demo.noop")
     report = services.sweep()
@@ -189,7 +189,7 @@ def test_the_sweeper_samples_and_reports_it_as_no_work() -> None:
     assert WorkflowSample.objects.count() == 1
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_old_samples_are_thinned_to_the_hourly_ones_then_deleted() -> None:
     now = db_now()
 
@@ -248,7 +248,7 @@ def test_a_counter_that_went_down_counts_from_zero_again() -> None:
     assert (f.succeeded, f.run_buckets) == (7, {"1": 7})
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_figures_of_a_window_are_the_counters_now_less_the_sample_at_its_start() -> None:
     now = db_now()
     succeed("demo.noop", 2)  # before any sample
@@ -285,7 +285,7 @@ def test_the_figures_of_a_window_are_the_counters_now_less_the_sample_at_its_sta
     assert [mine[w].figures.succeeded for w in ("hour", "day", "week")] == [4, 8, 8]  # type: ignore[union-attr]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_registered_workflow_without_samples_is_listed_with_no_figures() -> None:
     rows = wf.figures(HOUR)
     assert {r.workflow for r in rows} >= {"demo.noop", "demo.flaky", "publish_article"}
@@ -293,7 +293,7 @@ def test_a_registered_workflow_without_samples_is_listed_with_no_figures() -> No
     assert wf.series("demo.noop", HOUR)[-1].figures is None
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_list_reads_the_counters_and_the_samples_at_its_start_in_two_queries() -> None:
     now = db_now()
     succeed("demo.noop")
@@ -308,7 +308,7 @@ def test_the_list_reads_the_counters_and_the_samples_at_its_start_in_two_queries
     assert len(queries) == 2, [q["sql"] for q in queries.captured_queries]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_bars_of_a_window_split_the_work_between_their_samples() -> None:
     # At twenty to the hour, so the samples fall in known bars.
     now = db_now().replace(minute=40, second=0, microsecond=0)
@@ -332,7 +332,7 @@ def test_the_bars_of_a_window_split_the_work_between_their_samples() -> None:
     assert day == [None] * 22 + [3, 1]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_workflow_known_only_by_its_counters_is_known() -> None:
     counting.upsert({"enqueued:retired.flow#0": 3})
     assert wf.is_known("retired.flow")
