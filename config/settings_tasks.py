@@ -47,9 +47,10 @@ TASKS_CLAIM_BATCH = env_int("TASKS_CLAIM_BATCH", 50)
 # On PostgreSQL the hot paths (batch claims and completions, bulk inserts) run as single
 # SQL statements; off, they run the ORM code the embedded SQLite mode runs.
 TASKS_SQL_FAST_PATH = env_bool("TASKS_SQL_FAST_PATH", default=True)
-# The longest a producer (or a worker after a completion) waits for its doorbell to be
-# published; a hung broker holds up only the publishing thread, the sweeper rings later.
-TASKS_PUBLISH_WAIT_MS = env_int("TASKS_PUBLISH_WAIT_MS", 250, minimum=0)
+# How long a producer (or a worker after a completion) waits for its doorbell to be
+# published: by default not at all (the publishing thread sends it); a hung broker holds
+# up only that thread, and the sweeper rings later.
+TASKS_PUBLISH_WAIT_MS = env_int("TASKS_PUBLISH_WAIT_MS", 0, minimum=0)
 # Metrics counters are kept in each process's memory and written this often (one statement
 # for all of them), not beside every change they count: a process killed outright loses at
 # most its last interval's counts (tasks_app.history.counting).

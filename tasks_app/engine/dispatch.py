@@ -60,10 +60,12 @@ def coalesce(doorbells: list[Doorbell]) -> list[Doorbell]:
 
 
 class Publisher:
-    """Publishes doorbells from a background thread. A doorbell submitted on its own is
-    waited for, briefly (``TASKS_PUBLISH_WAIT_MS``), so it is on its way to a worker when
-    the call returns; a burst is not waited for at all. Either way a producer never waits
-    on the broker longer than that bound: a broker that hangs holds up only the thread.
+    """Publishes doorbells from a background thread: a producer hands them over after its
+    commit and returns without waiting on the broker's round trip (DESIGN rule 1: the
+    database decides; a lost doorbell is rung again by the sweeper). With
+    ``TASKS_PUBLISH_WAIT_MS`` above 0, a doorbell submitted on its own is waited for, at
+    most that long, so it is on its way to a worker when the call returns; a burst never
+    is. Either way a broker that hangs holds up only the thread.
 
     Doorbells for steps due now are coalesced per queue: a worker woken by one drains every
     due step of its queue (and recruits another worker while there is more), so one per
@@ -92,8 +94,8 @@ class Publisher:
         self._thread: threading.Thread | None = None
 
     def submit(self, doorbells: list[Doorbell]) -> None:
-        """Hand the doorbells to the background thread; when they come one at a time, wait
-        for their publish, at most ``TASKS_PUBLISH_WAIT_MS``."""
+        """Hand the doorbells to the background thread; when they come one at a time and
+        ``TASKS_PUBLISH_WAIT_MS`` is set, wait for their publish, at most that long."""
         now = time.monotonic()
         wait = settings.TASKS_PUBLISH_WAIT_MS / 1000
         with self._cond:
@@ -110,7 +112,7 @@ class Publisher:
                 self._thread = threading.Thread(target=self._run, name="doorbells", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
-            if burst:
+            if burst or wait <= 0:
                 return
             deadline = now + wait
             try:
