@@ -221,6 +221,10 @@ class Bench:
                 "commits": commits,
                 "rollbacks": after["rollbacks"] - before["rollbacks"],
                 "commits_per_step": commits / done if done else None,
+                "row_writes": after["row_writes"] - before["row_writes"],
+                "row_writes_per_step": (
+                    (after["row_writes"] - before["row_writes"]) / done if done else None
+                ),
                 "wal_bytes": wal,
                 "wal_bytes_per_step": wal / done if done else None,
                 "own_wal_bytes": own_wal,

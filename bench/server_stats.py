@@ -78,13 +78,22 @@ class ServerStats:
             self.can_checkpoint = False
 
     def counters(self) -> dict[str, Any]:
+        # The server's statistics are read afresh (a transaction would keep one snapshot).
+        self.conn.execute("SELECT pg_stat_clear_snapshot()")
         row = self.conn.execute(
-            "SELECT xact_commit, xact_rollback, pg_current_wal_lsn()::text"
+            "SELECT xact_commit, xact_rollback, pg_current_wal_lsn()::text,"
+            " tup_inserted + tup_updated + tup_deleted"
             " FROM pg_stat_database WHERE datname = %s",
             (self.db_name,),
         ).fetchone()
         assert row is not None
-        return {"commits": int(row[0]), "rollbacks": int(row[1]), "lsn": row[2]}
+        return {
+            "commits": int(row[0]),
+            "rollbacks": int(row[1]),
+            "lsn": row[2],
+            # Row versions written: each insert, update (heap-only or not) and delete.
+            "row_writes": int(row[3]),
+        }
 
     def wal_bytes(self, before: str, after: str) -> int:
         return int(
