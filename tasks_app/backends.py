@@ -207,7 +207,7 @@ class DurableBackend(BaseTaskBackend):
         result: TaskResult[..., Any] = TaskResult(
             task=task if task is not None else self._stored_task(row),
             id=str(row.pk),
-            status=STATUS[TaskStatus(row.status)],
+            status=STATUS[TaskStatus(row.live_status)],
             enqueued_at=row.created_at,
             started_at=leases[0][1] if leases else None,
             finished_at=row.finished_at,

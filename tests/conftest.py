@@ -298,13 +298,15 @@ def history_mismatches(task_ids: list[int] | None = None) -> dict[int, dict[str,
     for task_id, kind, data in events.order_by("id").values_list("task_id", "kind", "data"):
         if task_id is not None:
             history.setdefault(task_id, []).append((kind, data))
-    stored = {pk: TaskState(status=status) for pk, status in tasks.values_list("pk", "status")}
+    rows = dict(tasks.values_list("pk", "status"))
+    task_steps: dict[int, dict[int, StepState]] = {pk: {} for pk in rows}
     columns = ("task_id", "pk", "status", "attempts", "fencing_token")
     for task_id, pk, status, attempts, token in steps.values_list(*columns):
-        if task_id in stored:
-            stored[task_id].steps[pk] = StepState(status, attempts, token)
+        if task_id in task_steps:
+            task_steps[task_id][pk] = StepState(status, attempts, token)
     mismatches = {}
-    for pk, state in stored.items():
+    for pk, status in rows.items():
+        state = TaskState.stored(status, task_steps[pk])
         folded = fold_events(history.get(pk, []))
         if folded != state:
             mismatches[pk] = {"folded": folded, "stored": state}

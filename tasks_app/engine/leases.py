@@ -82,7 +82,7 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
         )
         if step is None:
             return None
-        start_attempt(task, step, lease_seconds=lease)
+        start_attempt(step, lease_seconds=lease)
         Lease.objects.create(
             step=step,
             token=step.fencing_token,

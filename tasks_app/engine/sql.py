@@ -29,15 +29,8 @@ TASK_COLUMNS = (
     "priority", "status", "created_by", "created_by_user_id", "created_at", "updated_at",
     "finished_at", "cancel_requested_at",
 )  # fmt: skip
-# The task as the claim leaves it (the `tasks` CTE's update is not visible to the final
-# SELECT of the same statement).
-_CLAIMED_TASK = {
-    "status": "'running'",
-    "updated_at": "CASE WHEN t.status <> 'running' THEN statement_timestamp() ELSE t.updated_at END",
-}
 _CLAIM_ROWS = ", ".join(
-    [f"c.{name}" for name in STEP_COLUMNS]
-    + [_CLAIMED_TASK.get(name, f"t.{name}") for name in TASK_COLUMNS]
+    [f"c.{name}" for name in STEP_COLUMNS] + [f"t.{name}" for name in TASK_COLUMNS]
 )
 
 # ORM twin: leases.claim_step with states.start_attempt (one step),
@@ -50,8 +43,9 @@ _CLAIM_ROWS = ", ".join(
 # size in the text there is one prepared statement per size the runner asks for, each
 # planned once.
 # One statement: pick due steps (the named one first) with their task rows, skipping rows
-# another transaction holds; mark them running with a raised token; write their leases,
-# their `claimed` events and the tasks' status.
+# another transaction holds; mark them running with a raised token; write their leases and
+# their `claimed` events. The task rows are locked, not written (they read as running from
+# their steps: models.Task.live_status).
 _CLAIM_SQL = f"""
 WITH target AS (
     SELECT COALESCE(%(queue)s, (SELECT queue FROM tasks_app_step WHERE id = %(step)s)) AS queue
@@ -104,9 +98,6 @@ WITH target AS (
            ),
            statement_timestamp()
     FROM claimed
-), tasks AS (
-    UPDATE tasks_app_task t SET status = 'running', updated_at = statement_timestamp()
-    FROM claimed WHERE t.id = claimed.task_id AND t.status <> 'running'
 )
 SELECT {_CLAIM_ROWS}
 FROM claimed c JOIN tasks_app_task t ON t.id = c.task_id
@@ -160,14 +151,22 @@ WITH input AS (
     WHERE n.task_id = done.task_id AND n.position = done.position + 1 AND n.status = 'blocked'
       AND t.cancel_requested_at IS NULL
     RETURNING n.id, n.task_id, n.queue, n.attempts, n.fencing_token
+), outcome AS (
+    SELECT done.task_id AS id,
+           CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN nxt.id IS NULL THEN 'succeeded' ELSE 'pending' END AS status
+    FROM done JOIN tasks_app_task t ON t.id = done.task_id
+         LEFT JOIN nxt ON nxt.task_id = done.task_id
 ), settled AS (
+    -- Only a task whose row changes is written: a success that makes the next step due
+    -- leaves a pending task's row as it was (settle_task's condition).
     UPDATE tasks_app_task t
-    SET status = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                      WHEN nxt.id IS NULL THEN 'succeeded' ELSE 'pending' END,
-        finished_at = CASE WHEN nxt.id IS NULL THEN statement_timestamp() END,
+    SET status = o.status,
+        finished_at = CASE WHEN o.status <> 'pending' THEN statement_timestamp() END,
         updated_at = statement_timestamp()
-    FROM done LEFT JOIN nxt ON nxt.task_id = done.task_id
-    WHERE t.id = done.task_id
+    FROM outcome o
+    WHERE t.id = o.id
+      AND (t.status <> o.status OR (o.status = 'pending' AND t.finished_at IS NOT NULL))
     RETURNING {", ".join(f"t.{name}" for name in TASK_COLUMNS)}
 ), events AS (
     INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
@@ -182,10 +181,10 @@ WITH input AS (
                    ) || CASE WHEN nxt.id IS NULL THEN '{{}}'::jsonb ELSE jsonb_build_object(
                        nxt.id::text, jsonb_build_array('pending', nxt.attempts, nxt.fencing_token)
                    ) END,
-                   'token', done.fencing_token, 'task_status', settled.status
+                   'token', done.fencing_token, 'task_status', outcome.status
                ) AS data
         FROM done JOIN input i ON i.id = done.id AND i.token = done.fencing_token
-             JOIN settled ON settled.id = done.task_id
+             JOIN outcome ON outcome.id = done.task_id
              LEFT JOIN nxt ON nxt.task_id = done.task_id
     ) AS e
     ORDER BY task_id

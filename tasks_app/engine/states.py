@@ -44,6 +44,7 @@ from tasks_app.models import (
     StepStatus,
     Task,
     TaskStatus,
+    stored_task_status,
 )
 from tasks_app.signals import ENDING_SIGNALS
 
@@ -70,10 +71,11 @@ def new_step(**fields: Any) -> Step:
     return Step(status=StepStatus.BLOCKED, **fields)
 
 
-def start_attempt(task: Task, step: Step, *, lease_seconds: int) -> None:
+def start_attempt(step: Step, *, lease_seconds: int) -> None:
     """A claim takes ``step`` (locked, pending and due): ``running`` under a raised fencing
-    token, with one more attempt and a lease of ``lease_seconds`` by the database's clock;
-    the task runs. The claim's SQL (``sql.claim_sql``) is the batch twin."""
+    token, with one more attempt and a lease of ``lease_seconds`` by the database's clock.
+    The task's row is not rewritten: it reads as running from its step (DESIGN rule 11).
+    The claim's SQL (``sql.claim_sql``) is the batch twin."""
     step.status = StepStatus.RUNNING
     step.attempts += 1
     step.fencing_token += 1
@@ -84,9 +86,6 @@ def start_attempt(task: Task, step: Step, *, lease_seconds: int) -> None:
         lease_expires_at=now_plus(lease_seconds),
         started_at=Now(),
     )
-    if task.status != TaskStatus.RUNNING:
-        task.status = TaskStatus.RUNNING
-        task.save(update_fields=["status", "updated_at"])
 
 
 def make_due(
@@ -302,10 +301,12 @@ def close_lease(step: Step, token: int, outcome: str) -> None:
 
 
 def settle_task(task: Task, *, now: datetime | None = None) -> str:
-    """Store the task status derived from its current (non-superseded) steps, finished at
-    ``now`` (the database's clock) when it ends."""
+    """Store the task status derived from its current (non-superseded) steps, in its
+    stored form (``models.stored_task_status``), finished at ``now`` (the database's clock)
+    when it ends; returns the derived status (``running`` while a step runs)."""
     current = Step.objects.filter(task=task).current().values_list("status", flat=True)
-    status = derive_task_status(current, cancel_requested=task.cancel_requested_at is not None)
+    live = derive_task_status(current, cancel_requested=task.cancel_requested_at is not None)
+    status = stored_task_status(live)
     ended = status in TERMINAL_TASK_STATUSES | {TaskStatus.DEAD}
     if status != task.status or (not ended and task.finished_at is not None):
         if status != task.status:
@@ -313,7 +314,7 @@ def settle_task(task: Task, *, now: datetime | None = None) -> str:
         task.status = status
         task.finished_at = (now or db_now()) if ended else None
         task.save(update_fields=["status", "finished_at", "updated_at"])
-    return status
+    return live
 
 
 def settle_and_record(

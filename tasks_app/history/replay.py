@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks_app.models import Event, EventKind, StepStatus, Task, TaskStatus
+from tasks_app.models import Event, EventKind, StepStatus, Task, TaskStatus, live_task_status
 
 
 def derive_task_status(
@@ -52,6 +52,7 @@ class TaskState:
 
     @classmethod
     def from_db(cls, task: Task) -> TaskState:
+        """The task as stored, its status as people read it (running while a step runs)."""
         task.refresh_from_db(fields=["status"])
         steps = {
             pk: StepState(status, attempts, token)
@@ -59,7 +60,14 @@ class TaskState:
                 "pk", "status", "attempts", "fencing_token"
             )
         }
-        return cls(status=task.status, steps=steps)
+        return cls.stored(task.status, steps)
+
+    @classmethod
+    def stored(cls, status: str, steps: dict[int, StepState]) -> TaskState:
+        """A task as its rows store it: ``status`` is the task row's, read as people read
+        it (``models.live_task_status``: running while a step runs)."""
+        running = any(state.status == StepStatus.RUNNING for state in steps.values())
+        return cls(status=live_task_status(status, running), steps=steps)
 
 
 def fold(task: Task) -> TaskState:

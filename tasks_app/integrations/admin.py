@@ -34,6 +34,7 @@ from tasks_app.integrations.admin_parts import (
     OperatorAction,
     QueueFilter,
     RedactedLookupsRefused,
+    StatusFilter,
     WorkflowFilter,
     conflict_message,
     event_rows,
@@ -42,7 +43,7 @@ from tasks_app.integrations.admin_parts import (
     text_block,
     with_operator_actions,
 )
-from tasks_app.models import Event, Lease, Step, Task
+from tasks_app.models import Event, Lease, Step, Task, live_status_fields
 from tasks_app.redaction import redact_text
 
 # The admin's classes are generic only to the type checker (subscripting them at run time
@@ -104,14 +105,14 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
     list_display = (
         "id",
         "workflow",
-        "status",
+        "status_shown",
         "queue",
         "priority",
         "idempotency_key",
         "created_at",
         "console",
     )
-    list_filter = ("status", WorkflowFilter, QueueFilter)
+    list_filter = (StatusFilter, WorkflowFilter, QueueFilter)
     # Searched by get_search_results: an idempotency key, exact or by its beginning.
     search_fields = ("idempotency_key",)
     search_help_text = "An idempotency key, exact or its beginning; or a task id."
@@ -126,7 +127,7 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
         "console_link",
         "workflow",
         "workflow_version",
-        "status",
+        "status_shown",
         "queue",
         "priority",
         "idempotency_key",
@@ -143,7 +144,12 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Task]:
-        return super().get_queryset(request).select_related("created_by_user")
+        rows: QuerySet[Task] = super().get_queryset(request).select_related("created_by_user")
+        return rows.annotate(**live_status_fields())
+
+    @admin.display(description="Status", ordering="status")
+    def status_shown(self, task: Task) -> str:
+        return task.live_status
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str

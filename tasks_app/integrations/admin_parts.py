@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from tasks_app.exceptions import IdempotencyConflict
-from tasks_app.models import Event, Task
+from tasks_app.models import Event, Task, TaskStatus
 from tasks_app.operations.task_actions import ACTIONS, ActionSpec
 from tasks_app.redaction import redact_event_data, redact_text, redacted_json
 from tasks_app.workflows import registry
@@ -38,6 +38,20 @@ class WorkflowFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
         return queryset.filter(workflow=self.value()) if self.value() else queryset
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """A task's status as people read it: running while a step runs (``Task.live_status``)."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(str(value), str(label)) for value, label in TaskStatus.choices]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
+        value = self.value()
+        return queryset & Task.objects.in_status(value) if value else queryset
 
 
 class QueueFilter(admin.SimpleListFilter):

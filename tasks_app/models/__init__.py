@@ -23,20 +23,25 @@ from tasks_app.models.events import (
     EventKind,
     EventQuerySet,
 )
-from tasks_app.models.system_state import Counter, Heartbeat, QueueState, WorkflowSample
-from tasks_app.models.work import (
+from tasks_app.models.statuses import (
     ACTIVE_TASK_STATUSES,
-    AWAITING_VERSION_Q,
     FINAL_STEP_STATUSES,
     TERMINAL_TASK_STATUSES,
+    StepStatus,
+    TaskStatus,
+    live_task_status,
+    stored_task_status,
+)
+from tasks_app.models.system_state import Counter, Heartbeat, QueueState, WorkflowSample
+from tasks_app.models.work import (
+    AWAITING_VERSION_Q,
     Lease,
     PayloadSearch,
     Step,
     StepQuerySet,
-    StepStatus,
     Task,
     TaskQuerySet,
-    TaskStatus,
+    live_status_fields,
     step_key,
 )
 
@@ -66,5 +71,8 @@ __all__ = [
     "TaskQuerySet",
     "TaskStatus",
     "WorkflowSample",
+    "live_status_fields",
+    "live_task_status",
     "step_key",
+    "stored_task_status",
 ]

@@ -1,5 +1,5 @@
-"""Tasks, their steps and each step's leases: the statuses, the querysets that say which steps
-are due and which rows stand, a step's idempotency key (``step_key``), and ``PayloadSearch``,
+"""Tasks, their steps and each step's leases: the querysets that say which tasks run and which
+steps are due and which rows stand, a step's idempotency key (``step_key``), and ``PayloadSearch``,
 the copy of each payload the task list's filter searches.
 """
 
@@ -14,40 +14,49 @@ from django.db.models.functions import Now
 
 from tasks_app.models.fingerprints import fingerprint
 from tasks_app.models.json_columns import TolerantJSONField
+from tasks_app.models.statuses import (
+    ACTIVE_TASK_STATUSES,
+    StepStatus,
+    TaskStatus,
+    live_task_status,
+)
 from tasks_app.validation import MAX_PRIORITY, MIN_PRIORITY
 
 
-class TaskStatus(models.TextChoices):
-    PENDING = "pending"
-    RUNNING = "running"
-    WAITING_APPROVAL = "waiting_approval"
-    SUCCEEDED = "succeeded"
-    DEAD = "dead"
-    CANCELLED = "cancelled"
+def _step_running() -> models.Exists:
+    """Whether the task row of the outer query has a step running (few such rows)."""
+    return models.Exists(Step.objects.filter(task=models.OuterRef("pk"), status=StepStatus.RUNNING))
 
 
-class StepStatus(models.TextChoices):
-    BLOCKED = "blocked"
-    PENDING = "pending"
-    RUNNING = "running"
-    WAITING_APPROVAL = "waiting_approval"
-    SUCCEEDED = "succeeded"
-    DEAD = "dead"
-    CANCELLED = "cancelled"
-    SUPERSEDED = "superseded"
+def _running_task_ids() -> models.QuerySet[Any]:
+    return Step.objects.filter(status=StepStatus.RUNNING).values("task_id")
 
 
-TERMINAL_TASK_STATUSES = frozenset({TaskStatus.SUCCEEDED, TaskStatus.CANCELLED})
-ACTIVE_TASK_STATUSES = frozenset(
-    {TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING_APPROVAL, TaskStatus.DEAD}
-)
-# A step in one of these states will never run again.
-FINAL_STEP_STATUSES = frozenset({StepStatus.SUCCEEDED, StepStatus.CANCELLED, StepStatus.SUPERSEDED})
+def live_status_fields() -> dict[str, models.Exists]:
+    """The annotation a task row needs for :attr:`Task.live_status` without a query."""
+    return {"step_running": _step_running()}
 
 
 class TaskQuerySet(models.QuerySet["Task"]):
     def active(self) -> TaskQuerySet:
         return self.filter(status__in=ACTIVE_TASK_STATUSES)
+
+    def with_live_status(self) -> TaskQuerySet:
+        """Tasks carrying what :attr:`Task.live_status` needs, in the same query."""
+        return self.annotate(**live_status_fields())
+
+    def in_status(self, status: str) -> TaskQuerySet:
+        """Tasks whose :attr:`Task.live_status` is ``status``."""
+        if status == TaskStatus.RUNNING:
+            return self.running()
+        if status == TaskStatus.PENDING:
+            return self.filter(status=TaskStatus.PENDING).exclude(pk__in=_running_task_ids())
+        return self.filter(status=status)
+
+    def running(self) -> TaskQuerySet:
+        """Tasks with a step running, found from the running steps (few, indexed)."""
+        pending = [TaskStatus.PENDING, TaskStatus.RUNNING]
+        return self.filter(status__in=pending, pk__in=_running_task_ids())
 
     def dead(self) -> TaskQuerySet:
         return self.filter(status=TaskStatus.DEAD)
@@ -157,6 +166,17 @@ class Task(models.Model):
     def key(self) -> str:
         """The business key steps derive their idempotency keys from."""
         return self.idempotency_key or f"task-{self.pk}"
+
+    @property
+    def live_status(self) -> str:
+        """The status as people read it: ``running`` while one of its steps runs (read
+        from ``with_live_status()``'s annotation when the row carries it)."""
+        if self.status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
+            return self.status
+        running = getattr(self, "step_running", None)
+        if running is None:
+            running = self.steps.filter(status=StepStatus.RUNNING).exists()
+        return live_task_status(self.status, bool(running))
 
 
 # A step handed back to wait for a worker that has its workflow version (a rolling deploy:

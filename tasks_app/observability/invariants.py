@@ -176,7 +176,7 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
             events[owner].append(EventRow(pk, step_id, kind, data or {}))
 
     for task_id, status in statuses.items():
-        stored = TaskState(status=status, steps=steps[task_id])
+        stored = TaskState.stored(status, steps[task_id])
         folded = fold_events((event.kind, event.data) for event in events[task_id])
         if folded != stored:
             findings.append(Finding("history", task_id, _difference(stored, folded)))

@@ -17,6 +17,7 @@ Apps add their own figures with :func:`register_part` (approvals does for its re
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -36,7 +37,7 @@ from tasks_app.history.counting import (
     bucket_label,
     step_seconds_histogram,
 )
-from tasks_app.models import Step, StepStatus, Task
+from tasks_app.models import Step, StepStatus, Task, TaskStatus
 from tasks_app.operations import selectors
 from tasks_app.operations.retention import PRUNED_COUNTER_PREFIX
 
@@ -63,10 +64,23 @@ def work_now() -> Iterator[Metric]:
     tasks = _gauge(
         "tasks_tasks", "Tasks by status (active ones only) and workflow.", ["status", "workflow"]
     )
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
     for status, workflow, n in (
         Task.objects.active().values_list("status", "workflow").annotate(n=Count("*")).order_by()
     ):
-        tasks.add_metric([status, workflow], n)
+        counts[(status, workflow)] += n
+    # Running is read from the steps (Task.live_status), out of the stored pending ones.
+    for workflow, n in (
+        Step.objects.filter(status=StepStatus.RUNNING)
+        .values_list("task__workflow")
+        .annotate(n=Count("task_id", distinct=True))
+        .order_by()
+    ):
+        counts[(TaskStatus.RUNNING, workflow)] += n
+        counts[(TaskStatus.PENDING, workflow)] -= n
+    for (status, workflow), n in sorted(counts.items()):
+        if n > 0:
+            tasks.add_metric([status, workflow], n)
     yield tasks
 
     dead = _gauge(

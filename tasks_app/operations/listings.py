@@ -24,6 +24,7 @@ from tasks_app.models import (
     StepStatus,
     Task,
     TaskStatus,
+    live_status_fields,
 )
 from tasks_app.models.fingerprints import masked_message
 from tasks_app.operations.selectors import scheduled_retries, succeeded_since
@@ -95,7 +96,7 @@ def tasks(filters: TaskFilter) -> QuerySet[Task]:
     if filters.payload is not None:
         check_payload_filter(*filters.payload)
         queryset = queryset.filter(_payload_matches(*filters.payload))
-    return _in_window(queryset, filters.since, filters.until)
+    return _in_window(queryset, filters.since, filters.until).annotate(**live_status_fields())
 
 
 def _in_status(status: str, finished_since: datetime | None) -> QuerySet[Task]:
@@ -104,11 +105,11 @@ def _in_status(status: str, finished_since: datetime | None) -> QuerySet[Task]:
     time as ``selectors.succeeded_since`` says."""
     if status in (RETRY_SCHEDULED, TaskStatus.PENDING):
         retrying = Q(pk__in=scheduled_retries(db_now()).values("task_id"))
-        pending = Task.objects.filter(status=TaskStatus.PENDING)
+        pending = Task.objects.in_status(TaskStatus.PENDING)
         return pending.filter(retrying) if status == RETRY_SCHEDULED else pending.exclude(retrying)
     if status == TaskStatus.SUCCEEDED and finished_since is not None:
         return succeeded_since(finished_since)
-    queryset = _matching(Task.objects.all(), status=status)
+    queryset = Task.objects.in_status(status) if status else Task.objects.all()
     if finished_since is not None:
         queryset = queryset.filter(finished_at__gte=finished_since)
     return queryset

@@ -91,6 +91,8 @@ def overview() -> Overview:
     now = db_now()
     hour_ago, day_ago = now - timedelta(hours=1), now - timedelta(days=1)
     by_status = dict(Task.objects.active().values_list("status").annotate(n=Count("*")).order_by())
+    # Running is read from the steps (a claim does not rewrite its task's row): few rows.
+    running = Task.objects.running().count()
     retry_scheduled = scheduled_retries(now).values("task_id").distinct().count()
     trouble = dict(
         Event.objects.filter(kind__in=TROUBLE_EVENT_KINDS, created_at__gte=hour_ago)
@@ -103,8 +105,8 @@ def overview() -> Overview:
         now=now,
         hour_ago=hour_ago,
         day_ago=day_ago,
-        pending=by_status.get(TaskStatus.PENDING, 0) - retry_scheduled,
-        running=by_status.get(TaskStatus.RUNNING, 0),
+        pending=by_status.get(TaskStatus.PENDING, 0) - running - retry_scheduled,
+        running=running,
         retry_scheduled=retry_scheduled,
         waiting_approval=by_status.get(TaskStatus.WAITING_APPROVAL, 0),
         dead=by_status.get(TaskStatus.DEAD, 0),

@@ -347,7 +347,7 @@ class StateModel(RuleBasedStateMachine):
             assert not refused, f"{action} allowed"
         if action == "cancel" and not refused:
             task.refresh_from_db()
-            assert task.status in (TaskStatus.CANCELLED, TaskStatus.RUNNING)
+            assert task.live_status in (TaskStatus.CANCELLED, TaskStatus.RUNNING)
 
     def target(self, index: int, action: str) -> Task:
         """A task the action suits (one with a dead step; for a cancel, one not ended),

@@ -280,7 +280,8 @@ def test_each_claimed_step_is_running_with_a_raised_token_a_lease_and_one_claime
             "lease_seconds": 45,
         }
         task = Task.objects.get(pk=step.task_id)
-        assert task.status == TaskStatus.RUNNING
+        # Read as running from its step; the claim did not rewrite its row (DESIGN rule 11).
+        assert (task.live_status, task.status) == (TaskStatus.RUNNING, TaskStatus.PENDING)
     assert len(events(first.task, EventKind.CLAIMED)) == 1
     assert len(events(second.task, EventKind.CLAIMED)) == 2
 
@@ -474,6 +475,7 @@ def test_a_claim_returns_its_steps_and_tasks_as_the_database_holds_them_after_it
         assert field_values(claim.step) == field_values(stored)
         assert field_values(claim.step.task) == field_values(stored.task)
         assert claim.step.status == StepStatus.RUNNING
-        assert claim.step.task.status == TaskStatus.RUNNING
+        assert claim.step.task.status == TaskStatus.PENDING  # the row, not rewritten
+        assert claim.step.task.live_status == TaskStatus.RUNNING
         assert (claim.token, claim.attempt) == (stored.fencing_token, stored.attempts)
     assert {claim.task_id for claim in claims} == {result.task.pk for result in results}

@@ -111,7 +111,7 @@ def test_a_completion_whose_lease_was_reaped_and_reclaimed_is_refused_and_the_re
     assert leases[1].outcome == Lease.Outcome.EXPIRED
     assert (leases[2].worker_id, leases[2].released_at, leases[2].outcome) == ("fast", None, "")
     task = Task.objects.get(pk=lost.task_id)
-    assert task.status == TaskStatus.RUNNING
+    assert task.live_status == TaskStatus.RUNNING
     assert event_kinds(task) == [
         "enqueued",
         "claimed",
@@ -232,7 +232,7 @@ def test_a_task_cancelled_while_its_step_ran_ends_cancelled_after_a_batch_comple
     [held] = claim_due().values()
     services.cancel(task, actor="cli:t", reason="withdrawn")
     task.refresh_from_db()
-    assert task.status == TaskStatus.RUNNING
+    assert task.live_status == TaskStatus.RUNNING
 
     assert fastpath.complete_many([(held, {"draft": "v1"})]) == {draft.pk}
 
@@ -284,7 +284,7 @@ def test_one_batch_completion_settles_each_task_by_its_own_story(pair: str) -> N
     assert withdrawn.status == TaskStatus.CANCELLED
     assert event_kinds(withdrawn)[-2:] == ["succeeded", "cancelled"]
     overtaken.refresh_from_db()
-    assert overtaken.status == TaskStatus.RUNNING
+    assert overtaken.live_status == TaskStatus.RUNNING
     assert event_kinds(overtaken)[-1] == "stale_write_rejected"
     assert fresh(lost).fencing_token == current.token == 2
     # Only the drafting task gained a next step; no other task's rows moved.

@@ -31,7 +31,7 @@ def test_a_cancelled_task_keeps_its_running_steps_result_but_ends_cancelled(pair
     services.cancel(task, actor="cli:x", reason="r")
 
     task.refresh_from_db()
-    assert task.status == TaskStatus.RUNNING
+    assert task.live_status == TaskStatus.RUNNING
     assert task.cancel_requested_at is not None
     assert fresh(draft).status == StepStatus.RUNNING
     assert fresh(publish).status == StepStatus.CANCELLED

@@ -144,7 +144,7 @@ def test_a_stale_worker_cannot_complete_fail_or_heartbeat_after_its_lease_was_re
     assert leases[2].released_at is None
     assert leases[2].expires_at == lease_before
     task.refresh_from_db()
-    assert task.status == TaskStatus.RUNNING
+    assert task.live_status == TaskStatus.RUNNING
     rejected = events(task, EventKind.STALE_WRITE_REJECTED)
     assert [e.data["operation"] for e in rejected] == ["complete", "fail", "heartbeat"]
     for event in rejected:

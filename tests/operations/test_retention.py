@@ -199,7 +199,7 @@ def test_dead_waiting_pending_and_running_tasks_stay_however_old(
     backdate(only_step(running))
     assert services.claim_step(only_step(running).pk, worker_id="w1") is not None
     running.refresh_from_db()
-    assert running.status == TaskStatus.RUNNING
+    assert running.live_status == TaskStatus.RUNNING
     unfinished = (dead, waiting, pending, running)
     for task in unfinished:
         # Even with a finish time from long ago: the status decides.

@@ -117,7 +117,7 @@ def _as_json(
     return {
         "id": task.pk,
         "workflow": task.workflow,
-        "status": task.status,
+        "status": task.live_status,
         "key": task.key,
         "queue": task.queue,
         "created_at": task.created_at.isoformat(),
@@ -136,7 +136,7 @@ def _as_lines(
         ("created", when(task.created_at)),
         ("finished", when(task.finished_at)),
     ]
-    lines = [f"Task #{task.pk} {task.workflow}: {task.status}"]
+    lines = [f"Task #{task.pk} {task.workflow}: {task.live_status}"]
     lines.extend(f"  {text}" for text in table(("", ""), facts)[1:])
     lines += ["", "Steps"]
     rows = [
