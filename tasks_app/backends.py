@@ -44,7 +44,7 @@ from tasks_app.integrations.django_task_errors import (
     validate_call_payload,
 )
 from tasks_app.integrations.django_task_functions import check_importable, import_task, stand_in
-from tasks_app.models import Lease, Step, Task, TaskStatus
+from tasks_app.models import Step, Task, TaskStatus, leases_of
 from tasks_app.signals import task_cancelled, task_dead_lettered, task_succeeded
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register
 
@@ -198,10 +198,10 @@ class DurableBackend(BaseTaskBackend):
         step = None
         if not fresh:
             step = Step.objects.filter(task=row).order_by("position", "-revision").first()
-            leases = list(
-                Lease.objects.filter(step__task=row)
-                .order_by("acquired_at", "token")
-                .values_list("worker_id", "acquired_at")
+            attempts = [lease for held in leases_of(row.steps.all()).values() for lease in held]
+            leases = sorted(
+                ((lease.worker_id, lease.acquired_at) for lease in attempts),
+                key=lambda attempt: attempt[1],
             )
             errors = task_errors(row, step)
         result: TaskResult[..., Any] = TaskResult(

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from tasks_app import services
 from tasks_app.exceptions import InvalidInput, OutcomeUnknown, PermanentError
-from tasks_app.models import Event, Step, Task
+from tasks_app.models import Event, Lease, Step, Task, leases_of
 from tasks_app.services import Claim
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.conftest import backdate
@@ -130,3 +130,14 @@ def pair(recorder: Recorder) -> Iterator[str]:
     )
     yield PAIR
     registry.unregister(PAIR, 1)
+
+
+def attempts_of(step: Step) -> dict[int, Lease]:
+    """The step's attempts by token as people read them: its Lease rows (one per attempt that
+    ended) and, while it runs, the live lease on the step row (``models.leases_of``)."""
+    stored = Step.objects.get(pk=step.pk)
+    return {lease.token: lease for lease in leases_of([stored])[stored.pk]}
+
+
+def lease_of(step: Step, token: int) -> Lease:
+    return attempts_of(step)[token]

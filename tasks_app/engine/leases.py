@@ -82,14 +82,7 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
         )
         if step is None:
             return None
-        start_attempt(step, lease_seconds=lease)
-        Lease.objects.create(
-            step=step,
-            token=step.fencing_token,
-            worker_id=worker_id,
-            acquired_at=Now(),
-            expires_at=now_plus(lease),
-        )
+        start_attempt(step, worker_id=worker_id, lease_seconds=lease)
         record_event(
             EventKind.CLAIMED,
             task_id=task.pk,
@@ -146,9 +139,6 @@ def heartbeat(claim: Claim, *, lease_seconds: int | None = None) -> HeartbeatRes
             pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token
         ).update(lease_expires_at=now_plus(lease))
         if renewed:
-            Lease.objects.filter(step_id=claim.step_id, token=claim.token).update(
-                expires_at=now_plus(lease)
-            )
             cancel = Task.objects.filter(
                 pk=claim.task_id, cancel_requested_at__isnull=False
             ).exists()
@@ -300,6 +290,4 @@ def expire_lease_now(claim: Claim) -> bool:
         ended = Step.objects.filter(
             pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token
         ).update(lease_expires_at=Now())
-        if ended:
-            Lease.objects.filter(step_id=claim.step_id, token=claim.token).update(expires_at=Now())
     return bool(ended)

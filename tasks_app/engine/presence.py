@@ -23,12 +23,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
-from django.db.models import F
 from django.db.models.functions import Now
 
 from tasks_app.db.clock import db_now
 from tasks_app.engine import consuming
-from tasks_app.models import Heartbeat, Lease, StepStatus
+from tasks_app.models import Heartbeat, Step, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -168,11 +167,9 @@ def workers() -> list[WorkerRow]:
     """Worker nodes seen in the last day: live ones first, then silent, then stopped."""
     now = db_now()
     rows = list(Heartbeat.objects.filter(role=Heartbeat.Role.WORKER, seen_at__gte=now - LISTED_FOR))
-    # A running step's lease is the one with its current token; the lease names the process.
+    # A running step holds its live lease, which names the process.
     holders = collections.Counter(
-        Lease.objects.filter(
-            step__status=StepStatus.RUNNING, token=F("step__fencing_token"), released_at=None
-        ).values_list("worker_id", flat=True)
+        Step.objects.filter(status=StepStatus.RUNNING).values_list("lease_worker", flat=True)
     )
     listed = [
         WorkerRow(

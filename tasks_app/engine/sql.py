@@ -21,8 +21,8 @@ DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
 STEP_COLUMNS = (
     "id", "task_id", "position", "revision", "kind", "status", "queue", "priority", "attempts",
     "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
-    "dispatched_at", "result", "last_error", "error_class", "error_fingerprint", "dead_workflow",
-    "change_request", "started_at", "finished_at",
+    "lease_worker", "dispatched_at", "result", "last_error", "error_class", "error_fingerprint",
+    "dead_workflow", "change_request", "started_at", "finished_at",
 )  # fmt: skip
 TASK_COLUMNS = (
     "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",
@@ -43,8 +43,8 @@ _CLAIM_ROWS = ", ".join(
 # size in the text there is one prepared statement per size the runner asks for, each
 # planned once.
 # One statement: pick due steps (the named one first) with their task rows, skipping rows
-# another transaction holds; mark them running with a raised token; write their leases and
-# their `claimed` events. The task rows are locked, not written (they read as running from
+# another transaction holds; mark them running with a raised token and their lease (holder
+# and expiry: the attempt's Lease row is written when it ends); write their `claimed` events. The task rows are locked, not written (they read as running from
 # their steps: models.Task.live_status).
 _CLAIM_SQL = f"""
 WITH target AS (
@@ -82,13 +82,9 @@ WITH target AS (
     UPDATE tasks_app_step s
     SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,
         lease_expires_at = statement_timestamp() + %(lease)s * interval '1 second',
-        started_at = statement_timestamp()
+        lease_worker = %(worker)s, started_at = statement_timestamp()
     WHERE s.id IN (SELECT id FROM picked)
     RETURNING {", ".join(f"s.{name}" for name in STEP_COLUMNS)}
-), leases AS (
-    INSERT INTO tasks_app_lease (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
-    SELECT id, fencing_token, %(worker)s, statement_timestamp(), lease_expires_at, NULL, ''
-    FROM claimed
 ), events AS (
     INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
     SELECT task_id, id, 'claimed', %(actor)s, NULL, '',
@@ -123,7 +119,7 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 # the task's ending event, states.record_ending, written by fastpath.complete_many after
 # this statement).
 # One statement after the tasks are locked: fenced success for every step still held by
-# its token, leases released, the next step of each task made due (unless a cancel was
+# its token, each attempt's Lease row written, the next step of each task made due (unless a cancel was
 # requested), task status settled, and one `succeeded` event per step. The `cancelled`
 # event of a task whose cancel was requested meanwhile is an operator event, chained
 # (audit_chain): fastpath.complete_many writes it after this statement, as complete_step does.
@@ -133,16 +129,27 @@ COMPLETE_SQL = f"""
 WITH input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[], %(actors)s::text[])
         AS i(id, token, result, actor)
+), held AS (
+    -- The live leases as the claims left them (the update below clears them).
+    SELECT s.id, s.lease_worker, s.lease_expires_at FROM tasks_app_step s
+    WHERE s.id IN (SELECT id FROM input)
 ), done AS (
     UPDATE tasks_app_step s
     SET status = 'succeeded', result = i.result, finished_at = statement_timestamp(),
-        lease_expires_at = NULL
+        lease_expires_at = NULL, lease_worker = ''
     FROM input i
     WHERE s.id = i.id AND s.fencing_token = i.token AND s.status = 'running'
     RETURNING s.id, s.task_id, s.position, s.attempts, s.fencing_token, s.started_at
 ), released AS (
-    UPDATE tasks_app_lease l SET released_at = statement_timestamp(), outcome = 'succeeded'
-    FROM done WHERE l.step_id = done.id AND l.token = done.fencing_token AND l.released_at IS NULL
+    -- The attempt's record (attempt_records.close_lease); a lease an earlier release opened
+    -- as a row at its claim is closed instead.
+    INSERT INTO tasks_app_lease AS l (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
+    SELECT done.id, done.fencing_token, held.lease_worker, done.started_at,
+           COALESCE(held.lease_expires_at, statement_timestamp()), statement_timestamp(), 'succeeded'
+    FROM done JOIN held ON held.id = done.id
+    ON CONFLICT (step_id, token) DO UPDATE
+    SET released_at = excluded.released_at, outcome = excluded.outcome
+    WHERE l.released_at IS NULL
 ), nxt AS (
     UPDATE tasks_app_step n
     SET status = 'pending', available_at = statement_timestamp(),

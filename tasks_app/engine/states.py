@@ -32,6 +32,7 @@ from django.db.models.functions import Now
 
 from tasks_app.access import SYSTEM, Actor
 from tasks_app.db.clock import db_now, now_plus
+from tasks_app.engine.attempt_records import close_lease
 from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell
 from tasks_app.engine.transitions import is_approval
 from tasks_app.history import counting, derive_task_status
@@ -39,7 +40,6 @@ from tasks_app.history.events import event_error, record_event
 from tasks_app.models import (
     TERMINAL_TASK_STATUSES,
     EventKind,
-    Lease,
     Step,
     StepStatus,
     Task,
@@ -71,19 +71,22 @@ def new_step(**fields: Any) -> Step:
     return Step(status=StepStatus.BLOCKED, **fields)
 
 
-def start_attempt(step: Step, *, lease_seconds: int) -> None:
+def start_attempt(step: Step, *, worker_id: str, lease_seconds: int) -> None:
     """A claim takes ``step`` (locked, pending and due): ``running`` under a raised fencing
-    token, with one more attempt and a lease of ``lease_seconds`` by the database's clock.
-    The task's row is not rewritten: it reads as running from its step (DESIGN rule 11).
-    The claim's SQL (``sql.claim_sql``) is the batch twin."""
+    token, with one more attempt and ``worker_id``'s lease of ``lease_seconds`` by the
+    database's clock, on the step itself (its Lease row is written when the attempt ends:
+    :func:`close_lease`). The task's row is not rewritten: it reads as running from its
+    step (DESIGN rule 11). The claim's SQL (``sql.claim_sql``) is the batch twin."""
     step.status = StepStatus.RUNNING
     step.attempts += 1
     step.fencing_token += 1
+    step.lease_worker = worker_id
     Step.objects.filter(pk=step.pk).update(
         status=step.status,
         attempts=step.attempts,
         fencing_token=step.fencing_token,
         lease_expires_at=now_plus(lease_seconds),
+        lease_worker=worker_id,
         started_at=Now(),
     )
 
@@ -202,10 +205,10 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | Non
     Returns the task's status, the approval step reached, and the doorbells to ring.
     """
     bells: list[Doorbell] = []
+    now = db_now()  # the attempt's end: a retry is never due before its failure ended
     if ending.lease is not None and ending.token is not None:
-        close_lease(step, ending.token, ending.lease)
-        step.lease_expires_at = None
-    now = db_now()  # after the lease closed: a retry is never due before its failure ended
+        close_lease(step, ending.token, ending.lease, now)
+        step.lease_expires_at, step.lease_worker = None, ""
     if ending.status is not None:
         status = ending.status
     elif ending.handed_back:
@@ -291,13 +294,6 @@ def after_success(task: Task, after: Step, now: datetime) -> tuple[list[Step], S
         return [], following
     make_due(following, now)
     return [following], None
-
-
-def close_lease(step: Step, token: int, outcome: str) -> None:
-    """Close the lease of ``token`` with its ``outcome``: how the attempt ended."""
-    Lease.objects.filter(step=step, token=token, released_at=None).update(
-        released_at=Now(), outcome=outcome
-    )
 
 
 def settle_task(task: Task, *, now: datetime | None = None) -> str:

@@ -43,7 +43,7 @@ from tasks_app.integrations.admin_parts import (
     text_block,
     with_operator_actions,
 )
-from tasks_app.models import Event, Lease, Step, Task, live_status_fields
+from tasks_app.models import Event, Step, Task, leases_of, live_status_fields
 from tasks_app.redaction import redact_text
 
 # The admin's classes are generic only to the type checker (subscripting them at run time
@@ -359,7 +359,8 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
 
     @admin.display(description="Leases")
     def leases(self, task: Task) -> SafeString:
-        rows = Lease.objects.filter(step__task=task).order_by("acquired_at", "id")
+        attempts = leases_of(task.steps.all()).values()
+        rows = sorted((lease for step in attempts for lease in step), key=lambda x: x.acquired_at)
         return html_table(
             ("step", "token", "worker", "acquired", "expires", "released", "outcome"),
             (

@@ -12,6 +12,7 @@ is the one way in.
 
 from __future__ import annotations
 
+from tasks_app.models.attempts import leases_of
 from tasks_app.models.effect_ledger import Effect
 from tasks_app.models.events import (
     OPERATOR_EVENT_KINDS,
@@ -71,6 +72,7 @@ __all__ = [
     "TaskQuerySet",
     "TaskStatus",
     "WorkflowSample",
+    "leases_of",
     "live_status_fields",
     "live_task_status",
     "step_key",

@@ -232,7 +232,10 @@ class Step(models.Model):
     idempotency_key = models.CharField(max_length=400)
     # Counts every claim and never resets, not even on redrive: the fence.
     fencing_token = models.PositiveBigIntegerField(default=0)
+    # The live lease sits on the step (DESIGN rule 2): its token, its holder and its expiry;
+    # it began at ``started_at``. The attempt's Lease row is written when it ends.
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_worker = models.CharField(max_length=200, blank=True, default="", db_default="")
     # When a doorbell was last sent for this step; throttles the sweeper's re-dispatch.
     dispatched_at = models.DateTimeField(null=True, blank=True)
     result = TolerantJSONField(null=True, blank=True)
@@ -327,6 +330,9 @@ class Step(models.Model):
 
 
 class Lease(models.Model):
+    """One attempt of a step: written when the attempt ends, with how it ended (the lease of
+    an attempt still running is the step's own: :func:`leases_of` reads both)."""
+
     class Outcome(models.TextChoices):
         SUCCEEDED = "succeeded"
         FAILED = "failed"

@@ -30,6 +30,7 @@ from tasks_app.models import (
     StepStatus,
     Task,
     TaskStatus,
+    leases_of,
 )
 from tasks_app.operations import task_actions as task_actions_rule
 
@@ -371,9 +372,7 @@ def dead_step_ledger(task_ids: Collection[int]) -> LedgerSummary:
 
 def task_detail(task: Task) -> TaskDetail:
     steps = list(task.steps.order_by("position", "revision"))
-    leases: dict[int, list[Lease]] = {}
-    for lease in Lease.objects.filter(step__task=task).order_by("step_id", "token"):
-        leases.setdefault(lease.step_id, []).append(lease)
+    leases = leases_of(steps)
     effects = ledger(steps)
     rows = []
     for step in steps:

@@ -119,8 +119,9 @@ class Cluster:
         token of each step it holds a lease on."""
         held: dict[int, dict[int, int]] = {}
         workers = self.workers if by is None else [by]
-        for step_id, token, worker_id in Lease.objects.filter(released_at=None).values_list(
-            "step_id", "token", "worker_id"
+        # A running step holds its live lease, which names the pool process.
+        for step_id, token, worker_id in Step.objects.filter(status=StepStatus.RUNNING).values_list(
+            "pk", "fencing_token", "lease_worker"
         ):
             pid = int(worker_id.rsplit(":", 1)[1])
             if any(worker.is_pool_child(pid) for worker in workers):
@@ -297,9 +298,13 @@ def resumed_after(moment: datetime) -> float:
     """Seconds from ``moment`` (the database's clock) until a worker next claimed a step:
     how soon work flowed again once a fault ended (steps already running may finish
     without the broker)."""
-    first = Lease.objects.filter(acquired_at__gt=moment).order_by("acquired_at").first()
-    assert first is not None, "no step was claimed afterwards"
-    return round((first.acquired_at - moment).total_seconds(), 1)
+    # A claim's start is its step's (an attempt still running has no Lease row yet).
+    starts = [
+        *Lease.objects.filter(acquired_at__gt=moment).values_list("acquired_at", flat=True),
+        *Step.objects.filter(started_at__gt=moment).values_list("started_at", flat=True),
+    ]
+    assert starts, "no step was claimed afterwards"
+    return round((min(starts) - moment).total_seconds(), 1)
 
 
 # Holds back the processes of :func:`at_once` until all of them are waiting.

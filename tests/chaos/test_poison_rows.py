@@ -43,7 +43,6 @@ def _left_running(task_id: int) -> Step:
     claim = services.claim_step(step.pk, worker_id=GONE)
     assert claim is not None
     Step.objects.filter(pk=step.pk).update(lease_expires_at=Now())
-    Lease.objects.filter(step=step, token=claim.token).update(expires_at=Now())
     return step
 
 

@@ -29,7 +29,7 @@ from tests.batch_support import claim_due, claimed_batches, lease_count, noops
 from tests.batch_support import patient_drain as patient_drain  # a fixture, for pytest to find
 from tests.batch_support import two_queues as two_queues  # a fixture, for pytest to find
 from tests.conftest import BrokerView, backdate, event_kinds, only_step
-from tests.lease_support import LEASE, WORKER, events, fresh, step_at
+from tests.lease_support import LEASE, WORKER, attempts_of, events, fresh, lease_of, step_at
 
 # --- helpers ------------------------------------------------------------------------------
 
@@ -166,7 +166,9 @@ def test_a_batch_claims_no_more_than_its_limit(limit: int, named: bool) -> None:
         assert claims[0].step_id == steps[-1].pk
     running = Step.objects.filter(pk__in=[s.pk for s in steps], status=StepStatus.RUNNING)
     assert sorted(running.values_list("pk", flat=True)) == sorted(c.step_id for c in claims)
-    assert Lease.objects.filter(step__in=steps).count() == limit
+    assert sum(len(attempts_of(step)) for step in steps) == limit
+    # On the steps: an attempt's Lease row is written when it ends.
+    assert not Lease.objects.filter(step__in=steps).exists()
 
 
 @pytest.mark.django_db
@@ -264,7 +266,7 @@ def test_each_claimed_step_is_running_with_a_raised_token_a_lease_and_one_claime
             attempts,
         )
         assert step.started_at is not None
-        lease = Lease.objects.get(step=step, token=attempts)
+        lease = lease_of(step, attempts)
         assert lease.worker_id == WORKER
         assert (lease.released_at, lease.outcome) == (None, "")
         # Leases run on the database's clock.
@@ -292,7 +294,7 @@ def test_a_batch_claim_without_a_lease_length_uses_the_configured_one() -> None:
 
     [held] = fastpath.claim_batch(worker_id=WORKER, limit=1, queue="default")
 
-    lease = Lease.objects.get(step=step)
+    lease = lease_of(step, held.token)
     assert held.lease_seconds == LEASE
     assert lease.expires_at - lease.acquired_at == timedelta(seconds=LEASE)
 
@@ -347,8 +349,10 @@ def test_workers_claiming_batches_at_once_take_every_due_step_exactly_once(
         for other in names[i + 1 :]:
             assert not {c.step_id for c in taken[one]} & {c.step_id for c in taken[other]}
     owner = {claim.step_id: name for name, claims in taken.items() for claim in claims}
-    leases = list(Lease.objects.filter(step_id__in=ids).values_list("step_id", "worker_id"))
-    assert sorted(leases) == sorted(owner.items())  # exactly one lease each, by its claimer
+    leases = list(
+        Step.objects.filter(pk__in=ids, status=StepStatus.RUNNING).values_list("pk", "lease_worker")
+    )
+    assert sorted(leases) == sorted(owner.items())  # exactly one live lease each, its claimer's
     claimed = Counter(
         Event.objects.filter(step_id__in=ids, kind=EventKind.CLAIMED).values_list(
             "step_id", flat=True

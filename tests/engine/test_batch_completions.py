@@ -22,7 +22,7 @@ from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, Ta
 from tasks_app.services import Claim
 from tests.batch_support import claim_due, noops
 from tests.conftest import BrokerView, backdate, event_kinds, only_step
-from tests.lease_support import LEASE, WORKER, events, fresh, step_at
+from tests.lease_support import LEASE, WORKER, attempts_of, events, fresh, step_at
 from tests.parity_support import BATCHED, ONE_BY_ONE, Path
 
 # --- completing a batch -------------------------------------------------------------------
@@ -107,7 +107,7 @@ def test_a_completion_whose_lease_was_reaped_and_reclaimed_is_refused_and_the_re
     assert (after.status, after.attempts, after.fencing_token) == (StepStatus.RUNNING, 2, 2)
     assert after.result is None
     assert after.lease_expires_at == lease_before
-    leases = {lease.token: lease for lease in Lease.objects.filter(step=lost)}
+    leases = attempts_of(lost)
     assert leases[1].outcome == Lease.Outcome.EXPIRED
     assert (leases[2].worker_id, leases[2].released_at, leases[2].outcome) == ("fast", None, "")
     task = Task.objects.get(pk=lost.task_id)

@@ -26,7 +26,7 @@ from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, Ta
 from tasks_app.observability import invariants
 from tests.conftest import BrokerView, event_kinds, only_step
 from tests.e2e_support import wait_for
-from tests.lease_support import claim, events, expire_lease, fresh
+from tests.lease_support import claim, events, expire_lease, fresh, lease_of
 
 ACTOR = "worker:host:1"
 
@@ -139,7 +139,7 @@ def test_a_release_is_fenced_by_token() -> None:
     assert (step.status, step.attempts, step.fencing_token) == (StepStatus.RUNNING, 2, 2)
     # Not the old worker's write: nothing is recorded, not even a stale write.
     assert Event.objects.count() == before
-    assert Lease.objects.get(step=step, token=current.token).outcome == ""
+    assert lease_of(step, current.token).outcome == ""
     runner.execute(current)
     assert fresh(step).status == StepStatus.SUCCEEDED
     assert_checker_clean()

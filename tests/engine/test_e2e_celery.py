@@ -23,6 +23,7 @@ from tasks_app.models import Counter, Event, Lease, Step, Task, TaskStatus
 from tests.approval_support import ARTICLE, pending_request
 from tests.conftest import event_kinds
 from tests.e2e_support import Worker, wait_for, worker_on_test_database
+from tests.lease_support import attempts_of
 from tests.remotes import LoopbackRemote
 
 pytestmark = [
@@ -173,11 +174,11 @@ def test_a_step_whose_worker_process_dies_is_reaped_and_run_again(worker: Worker
     ).task
     step = task.steps.get()
 
-    first = wait_for(
-        lambda: Lease.objects.filter(step=step, token=1).first(),
-        timeout=30,
-        what=lambda: "the first claim\n" + worker.tail(),
-    )
+    def first_claim() -> Lease | None:
+        live = attempts_of(step).get(1)  # the live lease, on the step while it runs
+        return live if live is not None and live.released_at is None else None
+
+    first = wait_for(first_claim, timeout=30, what=lambda: "the first claim\n" + worker.tail())
     pid = int(first.worker_id.rsplit(":", 1)[1])
     assert worker.is_pool_child(pid), f"{first.worker_id} is not a child of our worker"
     os.kill(pid, signal.SIGKILL)

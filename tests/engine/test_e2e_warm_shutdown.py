@@ -71,9 +71,8 @@ def items() -> list[dict[str, Any]]:
 def held_by(worker: Worker) -> dict[int, int]:
     """The token of each step a pool process of ``worker`` holds a lease on now."""
     held = {}
-    for step_id, token, worker_id in Lease.objects.filter(released_at=None).values_list(
-        "step_id", "token", "worker_id"
-    ):
+    running = Step.objects.filter(status=StepStatus.RUNNING)  # each holds its live lease
+    for step_id, token, worker_id in running.values_list("pk", "fencing_token", "lease_worker"):
         if worker.is_pool_child(int(worker_id.rsplit(":", 1)[1])):
             held[step_id] = token
     return held

@@ -26,7 +26,18 @@ from tasks_app.models import Event, EventKind, Lease, QueueState, StepStatus, Ta
 from tasks_app.services import Claim
 from tasks_app.tasks import run_step
 from tests.conftest import BrokerView, backdate, event_kinds, only_step
-from tests.lease_support import LEASE, WORKER, Recorder, claim, events, expire_lease, fresh, step_at
+from tests.lease_support import (
+    LEASE,
+    WORKER,
+    Recorder,
+    attempts_of,
+    claim,
+    events,
+    expire_lease,
+    fresh,
+    lease_of,
+    step_at,
+)
 from tests.lease_support import pair as pair  # a fixture, for pytest to find
 from tests.lease_support import recorder as recorder  # a fixture, for pytest to find
 
@@ -106,9 +117,7 @@ def test_only_one_of_many_workers_claiming_the_same_step_at_once_gets_it(
     assert (won[0].token, won[0].attempt) == (1, 1)
     step = fresh(step)
     assert (step.status, step.attempts, step.fencing_token) == (StepStatus.RUNNING, 1, 1)
-    assert list(Lease.objects.filter(step=step).values_list("worker_id", flat=True)) == [
-        won[0].worker_id
-    ]
+    assert [lease.worker_id for lease in attempts_of(step).values()] == [won[0].worker_id]
     assert len(events(task, EventKind.CLAIMED)) == 1
 
 
@@ -124,7 +133,7 @@ def test_a_stale_worker_cannot_complete_fail_or_heartbeat_after_its_lease_was_re
     current = claim(step, worker_id="fast")
     assert (stale.token, current.token) == (1, 2)
     before = fresh(step)
-    lease_before = Lease.objects.get(step=step, token=2).expires_at
+    lease_before = lease_of(step, 2).expires_at
 
     assert services.complete_step(stale, {"late": True}) is False
     assert (
@@ -139,7 +148,7 @@ def test_a_stale_worker_cannot_complete_fail_or_heartbeat_after_its_lease_was_re
     assert after.lease_expires_at == before.lease_expires_at
     assert after.result is None
     assert after.last_error == before.last_error
-    leases = {lease.token: lease for lease in Lease.objects.filter(step=step)}
+    leases = attempts_of(step)
     assert leases[1].outcome == Lease.Outcome.EXPIRED
     assert leases[2].released_at is None
     assert leases[2].expires_at == lease_before

@@ -15,10 +15,10 @@ import pytest
 
 from tasks_app import services
 from tasks_app.engine import runner
-from tasks_app.models import EventKind, Lease, StepStatus, TaskStatus
+from tasks_app.models import EventKind, StepStatus, TaskStatus
 from tasks_app.services import Claim
 from tests.conftest import BrokerView, backdate, event_kinds, only_step, worker_thread
-from tests.lease_support import LEASE, Recorder, claim, events, fresh, step_at
+from tests.lease_support import LEASE, Recorder, claim, events, fresh, lease_of, step_at
 from tests.lease_support import pair as pair  # a fixture, for pytest to find
 from tests.lease_support import recorder as recorder  # a fixture, for pytest to find
 
@@ -44,7 +44,7 @@ def test_a_heartbeat_extends_the_lease_by_the_database_clock() -> None:
     assert renewed > nearly_over
     lease = timedelta(seconds=held.lease_seconds)
     assert start + lease <= renewed <= end + lease
-    lease_row = Lease.objects.get(step=step, token=held.token)
+    lease_row = lease_of(step, held.token)
     assert start + lease <= lease_row.expires_at <= end + lease
     assert lease_row.released_at is None
     # The renewed lease is live: the reaper leaves it alone.

@@ -235,8 +235,8 @@ class Command(BaseCommand):
 
     @staticmethod
     def _backdate(pk: int, finished: datetime, *, waited: float, ran: float) -> None:
-        """Set the clocks of task ``pk`` and of its step and lease as if it was enqueued
-        ``waited + ran`` seconds before ``finished``."""
+        """Set the clocks of task ``pk`` and of its step and its ended attempts' leases as if
+        it was enqueued ``waited + ran`` seconds before ``finished``."""
         started = finished - timedelta(seconds=ran)
         created = started - timedelta(seconds=waited)
         Task.objects.filter(pk=pk).update(created_at=created, finished_at=finished)
