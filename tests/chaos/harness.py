@@ -299,10 +299,9 @@ def resumed_after(moment: datetime) -> float:
     how soon work flowed again once a fault ended (steps already running may finish
     without the broker)."""
     # A claim's start is its step's (an attempt still running has no Lease row yet).
-    starts = [
-        *Lease.objects.filter(acquired_at__gt=moment).values_list("acquired_at", flat=True),
-        *Step.objects.filter(started_at__gt=moment).values_list("started_at", flat=True),
-    ]
+    ended = Lease.objects.filter(acquired_at__gt=moment).values_list("acquired_at", flat=True)
+    running = Step.objects.filter(started_at__gt=moment).values_list("started_at", flat=True)
+    starts = [start for start in (*ended, *running) if start is not None]
     assert starts, "no step was claimed afterwards"
     return round((min(starts) - moment).total_seconds(), 1)
 

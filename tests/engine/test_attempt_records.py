@@ -33,7 +33,8 @@ def test_a_claim_writes_no_lease_row_and_its_end_writes_one(path: str) -> None:
     assert step.lease_expires_at is not None and step.started_at is not None
     assert not Lease.objects.exists()
     [live] = attempts_of(step).values()
-    assert (live.pk, live.token, live.worker_id, live.released_at) == (None, 1, "box:7", None)
+    assert live._state.adding  # not a row: the lease on the step
+    assert (live.token, live.worker_id, live.released_at) == (1, "box:7", None)
     assert (live.acquired_at, live.expires_at) == (step.started_at, step.lease_expires_at)
 
     assert fastpath.complete_many([(claim, {})]) == {step.pk}
@@ -63,6 +64,7 @@ def test_a_lease_an_earlier_release_opened_at_the_claim_is_closed_at_the_end(pat
     services.enqueue("demo.noop", {})
     [claim] = claim_due(limit=1, worker_id="box:9").values()
     step = Step.objects.get(pk=claim.step_id)
+    assert step.started_at is not None and step.lease_expires_at is not None
     # As the release before this one wrote it: a row at the claim, without a holder on the step.
     Step.objects.filter(pk=step.pk).update(lease_worker="")
     Lease.objects.create(
