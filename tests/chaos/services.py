@@ -81,14 +81,15 @@ class OwnPostgres:
         """SIGSTOP the whole server (the postmaster first, so it forks no new backend):
         connections are accepted by the kernel, nothing is answered (hung). Returns the
         processes to resume."""
-        stopped = self.processes()
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
-        # A backend forked just before the postmaster stopped.
-        for pid in self.processes():
-            if pid not in stopped:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
+        stopped: list[int] = []
+        # A backend forked just before the postmaster stopped is found by the second look;
+        # one that exited between the listing and its signal is gone, not stopped.
+        for _ in range(2):
+            for pid in self.processes():
+                if pid not in stopped:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.append(pid)
         return stopped
 
     def resume(self, stopped: list[int]) -> None:

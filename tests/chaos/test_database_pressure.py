@@ -258,9 +258,10 @@ def _renewed_running(ids: list[int]) -> list[int]:
     """Running steps whose lease was renewed since their claim."""
     renewed = []
     for step in Step.objects.filter(task__in=ids, status=StepStatus.RUNNING):
-        lease = step.leases.get(token=step.fencing_token)
+        # The live lease is the step's own: it began at the claim, ``started_at``.
         longer = timedelta(seconds=LEASE_SECONDS + 0.2)
-        if step.lease_expires_at and step.lease_expires_at - lease.acquired_at > longer:
+        expires, began = step.lease_expires_at, step.started_at
+        if expires is not None and began is not None and expires - began > longer:
             renewed.append(step.pk)
     return renewed
 
