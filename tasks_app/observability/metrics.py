@@ -69,12 +69,9 @@ def work_now() -> Iterator[Metric]:
         Task.objects.active().values_list("status", "workflow").annotate(n=Count("*")).order_by()
     ):
         counts[(status, workflow)] += n
-    # Running is read from the steps (Task.live_status), out of the stored pending ones.
+    # Running is read from the steps (Task.objects.running), out of the stored pending ones.
     for workflow, n in (
-        Step.objects.filter(status=StepStatus.RUNNING)
-        .values_list("task__workflow")
-        .annotate(n=Count("task_id", distinct=True))
-        .order_by()
+        Task.objects.running().values_list("workflow").annotate(n=Count("*")).order_by()
     ):
         counts[(TaskStatus.RUNNING, workflow)] += n
         counts[(TaskStatus.PENDING, workflow)] -= n
