@@ -186,6 +186,8 @@ else:
     for _folder in ("queue", "control") if not PRODUCTION else ():
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://localhost//"
+    # A message file appears whole (tasks_app/integrations/file_broker.py).
+    CELERY_BROKER_TRANSPORT = "tasks_app.integrations.file_broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
