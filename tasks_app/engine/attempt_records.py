@@ -19,6 +19,7 @@ def close_lease(step: Step, token: int, outcome: str, now: datetime) -> None:
             Lease(
                 step=step,
                 token=token,
+                attempt=step.attempts,
                 worker_id=step.lease_worker,
                 acquired_at=step.started_at,
                 expires_at=step.lease_expires_at or now,
@@ -28,5 +29,5 @@ def close_lease(step: Step, token: int, outcome: str, now: datetime) -> None:
         ],
         update_conflicts=True,
         unique_fields=["step", "token"],
-        update_fields=["released_at", "outcome"],
+        update_fields=["released_at", "outcome", "attempt"],
     )

@@ -143,12 +143,12 @@ WITH input AS (
 ), released AS (
     -- The attempt's record (attempt_records.close_lease); a lease an earlier release opened
     -- as a row at its claim is closed instead.
-    INSERT INTO tasks_app_lease AS l (step_id, token, worker_id, acquired_at, expires_at, released_at, outcome)
-    SELECT done.id, done.fencing_token, held.lease_worker, done.started_at,
+    INSERT INTO tasks_app_lease AS l (step_id, token, attempt, worker_id, acquired_at, expires_at, released_at, outcome)
+    SELECT done.id, done.fencing_token, done.attempts, held.lease_worker, done.started_at,
            COALESCE(held.lease_expires_at, statement_timestamp()), statement_timestamp(), 'succeeded'
     FROM done JOIN held ON held.id = done.id
     ON CONFLICT (step_id, token) DO UPDATE
-    SET released_at = excluded.released_at, outcome = excluded.outcome
+    SET released_at = excluded.released_at, outcome = excluded.outcome, attempt = excluded.attempt
     WHERE l.released_at IS NULL
 ), nxt AS (
     UPDATE tasks_app_step n

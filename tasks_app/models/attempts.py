@@ -27,6 +27,7 @@ def leases_of(steps: Iterable[Step]) -> dict[int, list[Lease]]:
         live = Lease(
             step=step,
             token=step.fencing_token,
+            attempt=step.attempts,
             worker_id=step.lease_worker,
             acquired_at=step.started_at,
             expires_at=step.lease_expires_at or step.started_at,

@@ -344,6 +344,9 @@ class Lease(models.Model):
     # No index of its own: the (step, token) constraint leads with step.
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="leases", db_index=False)
     token = models.PositiveBigIntegerField()
+    # The step's attempt count under this lease (its claim's ``attempt``); 0 on rows written
+    # before it was kept, whose claims have events of their own.
+    attempt = models.IntegerField(default=0, db_default=0)
     worker_id = models.CharField(max_length=200)
     acquired_at = models.DateTimeField()
     expires_at = models.DateTimeField()
