@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from itertools import batched
 from typing import Any
 
-from django.db.models import QuerySet
-
 from console.presenters import csv_cell
 from tasks_app import redaction
 from tasks_app.history import audit_chain, audit_verify
 from tasks_app.history.audit_chain import Link
+from tasks_app.history.timeline import HistoryEntry
 from tasks_app.models import Event, EventKind
-from tasks_app.operations import listings
+from tasks_app.operations import audit_log
 
 COLUMNS = [
     "id",
@@ -66,15 +65,17 @@ def label(kind: str) -> str:
         return kind
 
 
-def plan_of(event: Event) -> str:
+def plan_of(event: HistoryEntry) -> str:
     data = event.data
     return str(data.get("plan", "")) if isinstance(data, dict) else ""
 
 
-def event_row(event: Event, workflow: str) -> list[Any]:
-    """One event as its row: what producers and people wrote redacted, as everywhere."""
+def event_row(event: HistoryEntry, workflow: str) -> list[Any]:
+    """One event as its row: what producers and people wrote redacted, as everywhere. A
+    transition an attempt's record holds has no event id: its row names it by kind, step
+    and token (``audit_log.export_id``)."""
     return [
-        event.pk,
+        event.pk if isinstance(event, Event) else audit_log.export_id(event),
         event.created_at.isoformat(),
         event.kind,
         event.actor,
@@ -94,12 +95,12 @@ def head_row(head: Link | None) -> list[str]:
     return [text] + [""] * (len(COLUMNS) - 1)
 
 
-def rows(events: QuerySet[Event]) -> Iterator[list[Any]]:
+def rows(events: Iterable[HistoryEntry]) -> Iterator[list[Any]]:
     """The header, each event's row (workflows read a chunk at a time), then the chain's
     head as it is once the last row was read: it covers every chained row listed."""
     yield COLUMNS
-    for chunk in batched(events.iterator(chunk_size=CHUNK), CHUNK):
-        workflows = listings.task_workflows([e.task_id for e in chunk if e.task_id])
+    for chunk in batched(events, CHUNK):
+        workflows = audit_log.task_workflows([e.task_id for e in chunk if e.task_id])
         for event in chunk:
             yield event_row(event, workflows.get(event.task_id or 0, ""))
     yield head_row(audit_chain.head())
@@ -143,12 +144,17 @@ def check_export(lines: Iterable[str]) -> ExportCheck:
         if match.group(1):
             check.head = Link(int(match.group(1)), match.group(2))
     rows: dict[int, list[str]] = {}
+    attempts: list[list[str]] = []
     for number, row in enumerate(body, start=2):
-        if len(row) != len(COLUMNS) or not row[0].isdigit():
+        if len(row) == len(COLUMNS) and row[0].isdigit():
+            rows[int(row[0])] = row
+        elif len(row) == len(COLUMNS) and audit_log.parse_export_id(row[0]):
+            attempts.append(row)
+        else:
             check.problems.append(f"line {number}: not an event row of the export")
-            continue
-        rows[int(row[0])] = row
-    check.rows = len(rows)
+    check.rows = len(rows) + len(attempts)
+    for row in attempts:
+        _compare_attempt(check, row)
     checkpoint = audit_chain.latest_checkpoint()
     sealed = checkpoint.last_event_id if checkpoint else 0
     for ids in batched(sorted(rows), CHUNK):
@@ -172,11 +178,26 @@ def _compare(check: ExportCheck, row: list[str], event: Event | None, sealed: in
         return
     if chain_hash:
         check.chained += 1
-    expected = [csv_cell(cell) for cell in event_row(event, "")]
+    _compare_cells(check, str(pk), row, event)
+
+
+def _compare_attempt(check: ExportCheck, row: list[str]) -> None:
+    """A row of a claim or success, against the attempt's record that holds it (retention
+    deletes it with its task)."""
+    key = audit_log.parse_export_id(row[0])
+    entry = audit_log.attempt_record(*key) if key else None
+    if entry is None:
+        check.pruned += 1
+        return
+    _compare_cells(check, row[0], row, entry)
+
+
+def _compare_cells(check: ExportCheck, name: str, row: list[str], entry: HistoryEntry) -> None:
+    expected = [csv_cell(cell) for cell in event_row(entry, "")]
     for column, found, wanted in zip(COLUMNS, row, expected, strict=True):
         if column not in DERIVED and found != wanted:
             check.problems.append(
-                f"event {pk}: {column} differs: the file has {_quoted(found)}, the "
+                f"event {name}: {column} differs: the file has {_quoted(found)}, the "
                 f"database {_quoted(wanted)}"
             )
 

@@ -21,7 +21,8 @@ from console.action_forms import parse_json as parse_json  # its home; kept for 
 from tasks_app import services
 from tasks_app.models import EventKind, fingerprints
 from tasks_app.observability.workflow_figures import DEFAULT_WINDOW, WINDOWS, Window
-from tasks_app.operations.listings import AuditFilter, DeadFilter, workflow_names
+from tasks_app.operations.audit_log import AuditFilter
+from tasks_app.operations.listings import DeadFilter, workflow_names
 from tasks_app.operations.task_actions import ACTIONS
 
 

@@ -22,7 +22,7 @@ from django.core.cache import cache
 
 from tasks_app import services
 from tasks_app.models import Task
-from tasks_app.operations import listings, selectors
+from tasks_app.operations import audit_log, listings, selectors
 from tasks_app.operations.listings import DeadFilter
 from tasks_app.operations.task_actions import ACTIONS
 
@@ -176,5 +176,5 @@ class BulkPlan:
         except Exception:
             logger.warning("bulk plan %s: the cache cannot be reached", self.id, exc_info=True)
             first = True
-        if not first or listings.audit_events(listings.AuditFilter(plan=self.id)).exists():
+        if not first or audit_log.audit_events(audit_log.AuditFilter(plan=self.id)).exists():
             raise PlanApplied("this preview was already confirmed and applied")

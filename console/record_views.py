@@ -22,7 +22,7 @@ from console.views import (
 from tasks_app import services
 from tasks_app.engine import presence
 from tasks_app.history import audit_chain
-from tasks_app.operations import listings, selectors
+from tasks_app.operations import audit_log, selectors
 
 # --- queues ---------------------------------------------------------------------------------
 
@@ -91,8 +91,8 @@ def _audit_refused(request: ConsoleRequest, form: forms.AuditFilterForm) -> Http
 @permission_required(VIEW_AUDIT, raise_exception=True)
 @reads_filter(forms.AuditFilterForm, refuse=_audit_refused)
 def audit(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpResponse:
-    page = listings.audit_page(form.filters(), after=form.cursor())
-    workflows = listings.task_workflows([e.task_id for e in page.rows if e.task_id])
+    page = audit_log.audit_page(form.filters(), after=form.cursor())
+    workflows = audit_log.task_workflows([e.task_id for e in page.rows if e.task_id])
     rows = [(event, workflows.get(event.task_id or 0)) for event in page.rows]
     context = {"form": form, "page": page, "rows": rows, "head": audit_chain.head()}
     return render_page(request, "console/audit.html", context, partial="results")
@@ -117,7 +117,7 @@ def audit_export(request: ConsoleRequest, form: forms.AuditFilterForm) -> HttpRe
     keeps the file a CSV any reader and spreadsheet opens; a reader of events skips the
     row by its ``#``. ``manage.py verify_audit --export FILE`` checks each row against the
     database and that head against the chain (``console.audit_csv``)."""
-    events = listings.audit_events(form.filters()).order_by("-id")
+    events = audit_log.audit_entries(form.filters())
     response = StreamingHttpResponse(
         presenters.csv_lines(audit_csv.rows(events)), content_type="text/csv; charset=utf-8"
     )

@@ -24,8 +24,8 @@ from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 from django.db.models import F
 
 from tasks_app.engine.dispatch import publisher
-from tasks_app.history import StepState, TaskState, counting, fold_events
-from tasks_app.models import Event, Step, Task
+from tasks_app.history import StepState, TaskState, counting, fold_events, timeline
+from tasks_app.models import Step, Task
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.remotes import LoopbackRemote, loopback_remotes
 
@@ -108,9 +108,10 @@ def superuser(db: None) -> User:
 
 
 def event_kinds(task: Task, *wanted: str) -> list[str]:
-    """The kinds of ``task``'s events in order (only the ``wanted`` ones, if named)."""
-    events = Event.objects.for_task(task.pk).values_list("kind", flat=True)
-    return [kind for kind in events if not wanted or kind in wanted]
+    """The kinds of ``task``'s history in order (only the ``wanted`` ones, if named): its
+    events and the transitions its attempt records hold (``timeline.history``)."""
+    kinds = [entry.kind for entry in timeline.history(task.pk)]
+    return [kind for kind in kinds if not wanted or kind in wanted]
 
 
 def backdate(step: Step, seconds: float = 3600) -> None:
@@ -288,18 +289,19 @@ def _history_folds_to_stored_state(request: pytest.FixtureRequest) -> Iterator[N
 
 
 def history_mismatches(task_ids: list[int] | None = None) -> dict[int, dict[str, TaskState]]:
-    """The tasks (of ``task_ids``, or every one) whose events, oldest first, do not fold to
-    their stored state, with both: what ``fold`` and ``TaskState.from_db`` compare, read
-    for all the tasks at once, in three queries."""
-    tasks, steps, events = Task.objects.all(), Step.objects.all(), Event.objects.all()
+    """The tasks (of ``task_ids``, or every one) whose history, oldest first, does not fold
+    to their stored state, with both: what ``fold`` and ``TaskState.from_db`` compare, read
+    for all the tasks at once (``timeline.histories``: the events and attempt records)."""
+    tasks, steps = Task.objects.all(), Step.objects.all()
     if task_ids is not None:
         tasks = tasks.filter(pk__in=task_ids)
-        steps, events = steps.filter(task_id__in=task_ids), events.filter(task_id__in=task_ids)
-    # The events first, as ``fold`` reads them before ``from_db`` reads the rows.
-    history: dict[int, list[tuple[str, Any]]] = {}
-    for task_id, kind, data in events.order_by("id").values_list("task_id", "kind", "data"):
-        if task_id is not None:
-            history.setdefault(task_id, []).append((kind, data))
+        steps = steps.filter(task_id__in=task_ids)
+    # The history first, as ``fold`` reads it before ``from_db`` reads the rows.
+    ids = task_ids if task_ids is not None else list(tasks.values_list("pk", flat=True))
+    history = {
+        pk: [(entry.kind, entry.data) for entry in entries]
+        for pk, entries in timeline.histories(ids).items()
+    }
     rows = dict(tasks.values_list("pk", "status"))
     task_steps: dict[int, dict[int, StepState]] = {pk: {} for pk in rows}
     columns = ("task_id", "pk", "status", "attempts", "fencing_token")

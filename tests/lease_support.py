@@ -13,7 +13,9 @@ from django.conf import settings
 
 from tasks_app import services
 from tasks_app.exceptions import InvalidInput, OutcomeUnknown, PermanentError
-from tasks_app.models import Event, Lease, Step, Task, leases_of
+from tasks_app.history import timeline
+from tasks_app.history.timeline import HistoryEntry
+from tasks_app.models import Lease, Step, Task, leases_of
 from tasks_app.services import Claim
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register, registry
 from tests.conftest import backdate
@@ -25,8 +27,9 @@ LEASE = settings.TASKS_LEASE_SECONDS
 # --- helpers ------------------------------------------------------------------------------
 
 
-def events(task: Task, kind: str) -> list[Event]:
-    return list(Event.objects.for_task(task.pk).filter(kind=kind))
+def events(task: Task, kind: str) -> list[HistoryEntry]:
+    """``task``'s history entries of ``kind``: events, or transitions an attempt's record holds."""
+    return [entry for entry in timeline.history(task.pk) if entry.kind == kind]
 
 
 def step_at(task: Task, position: int) -> Step:

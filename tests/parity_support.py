@@ -24,7 +24,8 @@ from django.db.models.functions import Now
 from approvals.models import ApprovalRequest
 from tasks_app import services
 from tasks_app.engine import fastpath, runner
-from tasks_app.models import Effect, Event, Lease, Step, Task
+from tasks_app.history import timeline
+from tasks_app.models import Effect, Lease, Step, Task
 from tasks_app.services import Claim
 from tests.batch_support import claim_due
 
@@ -178,6 +179,7 @@ def snapshot(task: Task) -> dict[str, Any]:
             {
                 "step": place[lease.step_id],
                 "token": lease.token,
+                "attempt": lease.attempt,
                 "worker_id": lease.worker_id,
                 "outcome": lease.outcome,
                 "released_at": _set(lease.released_at),
@@ -194,7 +196,7 @@ def snapshot(task: Task) -> dict[str, Any]:
                 "reason": event.reason,
                 "data": data(event.data),
             }
-            for event in Event.objects.for_task(task.pk)
+            for event in timeline.history(task.pk)
         ],
         "approval_requests": [
             {

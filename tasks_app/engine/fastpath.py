@@ -115,7 +115,6 @@ def claim_batch(
                 "step": step_id,
                 "lease": lease,
                 "worker": worker_id,
-                "actor": f"worker:{worker_id}",
             },
             prepare=True,
         )

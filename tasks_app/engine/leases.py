@@ -82,17 +82,9 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
         )
         if step is None:
             return None
+        # No event: the attempt's record (its live lease, then its Lease row) records the
+        # claim (history.timeline).
         start_attempt(step, worker_id=worker_id, lease_seconds=lease)
-        record_event(
-            EventKind.CLAIMED,
-            task_id=task.pk,
-            step_id=step.pk,
-            actor=f"worker:{worker_id}",
-            steps=[step],
-            token=step.fencing_token,
-            attempt=step.attempts,
-            lease_seconds=lease,
-        )
         counting.add({f"{counting.CLAIMED}:{step.queue}": 1})
     return Claim.of(step, worker_id=worker_id, lease_seconds=lease)
 
@@ -258,8 +250,9 @@ def awaiting_version_since(task_id: int, step_id: int) -> datetime | None:
     """When a worker first handed the step back for want of its workflow, version or step
     kind (the oldest such ``claim_released`` since the step was last redriven or resolved
     to run again), by the database's clock; or None. Read through the task's events in the
-    order they were written (``event_task_idx``): their ``created_at`` is the writing
-    process's clock, so the hand-back's ``waiting_since`` (the database's) is read instead."""
+    order they were written (``event_task_idx``): the hand-back's ``waiting_since`` is read,
+    as events written before they were stamped by the database's clock carry the writing
+    process's in ``created_at``."""
     events = Event.objects.filter(task_id=task_id)
     # A redrive (or a resolve to run again) is the task's event; the steps it made runnable
     # are in its data.

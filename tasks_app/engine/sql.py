@@ -44,8 +44,9 @@ _CLAIM_ROWS = ", ".join(
 # planned once.
 # One statement: pick due steps (the named one first) with their task rows, skipping rows
 # another transaction holds; mark them running with a raised token and their lease (holder
-# and expiry: the attempt's Lease row is written when it ends); write their `claimed` events. The task rows are locked, not written (they read as running from
-# their steps: models.Task.live_status).
+# and expiry: the attempt's Lease row is written when it ends, and records the claim, so no
+# event is written: history.timeline). The task rows are locked, not written (they read as
+# running from their steps: models.Task.live_status).
 _CLAIM_SQL = f"""
 WITH target AS (
     SELECT COALESCE(%(queue)s, (SELECT queue FROM tasks_app_step WHERE id = %(step)s)) AS queue
@@ -85,15 +86,6 @@ WITH target AS (
         lease_worker = %(worker)s, started_at = statement_timestamp()
     WHERE s.id IN (SELECT id FROM picked)
     RETURNING {", ".join(f"s.{name}" for name in STEP_COLUMNS)}
-), events AS (
-    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
-    SELECT task_id, id, 'claimed', %(actor)s, NULL, '',
-           jsonb_build_object(
-               'steps', jsonb_build_object(id::text, jsonb_build_array('running', attempts, fencing_token)),
-               'token', fencing_token, 'attempt', attempts, 'lease_seconds', %(lease)s
-           ),
-           statement_timestamp()
-    FROM claimed
 )
 SELECT {_CLAIM_ROWS}
 FROM claimed c JOIN tasks_app_task t ON t.id = c.task_id
@@ -120,7 +112,9 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 # this statement).
 # One statement after the tasks are locked: fenced success for every step still held by
 # its token, each attempt's Lease row written, the next step of each task made due (unless a cancel was
-# requested), task status settled, and one `succeeded` event per step. The `cancelled`
+# requested), task status settled, and a `succeeded` event for each step whose success made
+# the next step due (the Lease row records the success itself: history.timeline; the next
+# step's change is the event's). The `cancelled`
 # event of a task whose cancel was requested meanwhile is an operator event, chained
 # (audit_chain): fastpath.complete_many writes it after this statement, as complete_step does.
 # The task columns of a row that is not a settled task's (typed by the first branch).
@@ -185,14 +179,14 @@ WITH input AS (
                    'steps',
                    jsonb_build_object(
                        done.id::text, jsonb_build_array('succeeded', done.attempts, done.fencing_token)
-                   ) || CASE WHEN nxt.id IS NULL THEN '{{}}'::jsonb ELSE jsonb_build_object(
+                   ) || jsonb_build_object(
                        nxt.id::text, jsonb_build_array('pending', nxt.attempts, nxt.fencing_token)
-                   ) END,
+                   ),
                    'token', done.fencing_token, 'task_status', outcome.status
                ) AS data
         FROM done JOIN input i ON i.id = done.id AND i.token = done.fencing_token
              JOIN outcome ON outcome.id = done.task_id
-             LEFT JOIN nxt ON nxt.task_id = done.task_id
+             JOIN nxt ON nxt.task_id = done.task_id
     ) AS e
     ORDER BY task_id
 )

@@ -256,16 +256,21 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | Non
         data["retry_in"] = ending.retry_in if kind == EventKind.RETRY_SCHEDULED else None
     if ending.handed_back or ending.event == EventKind.LEASE_EXPIRED:
         data["step_status"] = str(status)
-    task_status = settle_and_record(
-        kind,
-        task,
-        now=now,
-        step_id=step.pk,
-        actor=ending.actor,
-        reason=event_reason,
-        steps=[step, *also],
-        **data,
-    )
+    if kind == EventKind.SUCCEEDED and ending.lease is not None and not also:
+        # The attempt's Lease row records a worker's success (history.timeline); an event
+        # is written only for the next step it made due.
+        task_status = settle_task(task, now=now)
+    else:
+        task_status = settle_and_record(
+            kind,
+            task,
+            now=now,
+            step_id=step.pk,
+            actor=ending.actor,
+            reason=event_reason,
+            steps=[step, *also],
+            **data,
+        )
     if task_status == TaskStatus.CANCELLED and ending.cancelled_reason is not None:
         ending_reason = ending.cancelled_reason
     record_ending(
@@ -329,6 +334,7 @@ def settle_and_record(
     status = settle_task(task, now=now)
     record_event(
         kind,
+        at=now,
         task_id=task.pk,
         step_id=step_id,
         actor=actor,

@@ -3,6 +3,7 @@ and logged, the counters they feed, and the replay that folds them back into the
 
 from __future__ import annotations
 
-from tasks_app.history.replay import StepState, TaskState, derive_task_status, fold, fold_events
+from tasks_app.history.replay import StepState, TaskState, fold, fold_events
+from tasks_app.models import derive_task_status
 
 __all__ = ["StepState", "TaskState", "derive_task_status", "fold", "fold_events"]

@@ -45,8 +45,8 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection, transaction
-from django.utils import timezone
 
+from tasks_app.db.clock import db_now
 from tasks_app.models import OPERATOR_EVENT_KINDS, AuditCheckpoint, Event
 
 # Sorted, as the partial indexes' condition spells it, so PostgreSQL can use them.
@@ -167,7 +167,8 @@ def append(event: Event) -> Event:
         lock()
         previous = head()
         event.pk = _next_event_id()
-        event.created_at = timezone.now()
+        # Stamped after the lock, by the database's clock: the chain's times follow its ids.
+        event.created_at = db_now()
         event.chain_previous = previous.hash if previous else GENESIS
         event.chain_hash = event_hash(event)
         event.save()

@@ -6,9 +6,11 @@ transaction commits; it registers itself when the app starts)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from tasks_app.access import Actor, actor_fields
+from tasks_app.db.clock import db_now
 from tasks_app.history import audit_chain, counting
 from tasks_app.models import Event, Step, Task
 
@@ -42,11 +44,15 @@ def record_event(
     reason: str = "",
     steps: Iterable[Step] = (),
     task: Task | None = None,
+    at: datetime | None = None,
     **data: Any,
 ) -> Event:
     """Write the event of a transition in the caller's transaction; an operator action is
     appended to the audit chain (``audit_chain.append``). What listens hears of it with
-    ``task`` and ``steps``, the rows at hand, so that the log line reads none again."""
+    ``task`` and ``steps``, the rows at hand, so that the log line reads none again.
+
+    It is stamped ``at``, or now, by the database's clock (rule 3) like the attempt records
+    it is read beside (``history.timeline``)."""
     name, user_id = actor_fields(actor)
     changed = tuple(steps)
     changes = {str(step.pk): step_state(step) for step in changed}
@@ -60,6 +66,7 @@ def record_event(
         actor_user_id=user_id,
         reason=reason,
         data=data,
+        created_at=at or db_now(),
     )
     if audit_chain.is_chained(kind):
         audit_chain.append(event)

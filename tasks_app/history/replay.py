@@ -11,31 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks_app.models import Event, EventKind, StepStatus, Task, TaskStatus, live_task_status
-
-
-def derive_task_status(
-    step_statuses: Iterable[str], *, cancel_requested: bool = False
-) -> TaskStatus:
-    """A task's status from its steps (superseded rows are history and ignored).
-
-    Once a cancel was requested the task ends ``cancelled`` as soon as nothing runs, even
-    if the step that was running finished its work: a late result does not revive it.
-    """
-    current = [status for status in step_statuses if status != StepStatus.SUPERSEDED]
-    if StepStatus.RUNNING in current:
-        return TaskStatus.RUNNING
-    if cancel_requested:
-        return TaskStatus.CANCELLED
-    if StepStatus.DEAD in current:
-        return TaskStatus.DEAD
-    if StepStatus.WAITING_APPROVAL in current:
-        return TaskStatus.WAITING_APPROVAL
-    if StepStatus.CANCELLED in current:
-        return TaskStatus.CANCELLED
-    if current and all(status == StepStatus.SUCCEEDED for status in current):
-        return TaskStatus.SUCCEEDED
-    return TaskStatus.PENDING
+from tasks_app.history import timeline
+from tasks_app.models import (
+    EventKind,
+    StepStatus,
+    Task,
+    derive_task_status,
+    live_task_status,
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +55,7 @@ class TaskState:
 
 def fold(task: Task) -> TaskState:
     """The state a task's event history says it is in."""
-    return fold_events(Event.objects.for_task(task.pk).values_list("kind", "data"))
+    return fold_events((event.kind, event.data) for event in timeline.history(task.pk))
 
 
 def fold_events(events: Iterable[tuple[str, dict[str, Any] | None]]) -> TaskState:

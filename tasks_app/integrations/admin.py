@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 
 from tasks_app import services
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, NotPermitted
+from tasks_app.history import timeline
 from tasks_app.integrations.admin_forms import (
     EnqueueForm,
     ReasonForm,
@@ -43,7 +44,7 @@ from tasks_app.integrations.admin_parts import (
     text_block,
     with_operator_actions,
 )
-from tasks_app.models import Event, Step, Task, leases_of, live_status_fields
+from tasks_app.models import Step, Task, leases_of, live_status_fields
 from tasks_app.redaction import redact_text
 
 # The admin's classes are generic only to the type checker (subscripting them at run time
@@ -385,5 +386,5 @@ class TaskAdmin(RedactedLookupsRefused, ReadOnlyMixin, TaskModelAdmin):
     def timeline(self, task: Task) -> SafeString:
         return html_table(
             ("at", "event", "step", "actor", "reason", "data"),
-            event_rows(Event.objects.for_task(task.pk)),
+            event_rows(timeline.history(task.pk)),
         )

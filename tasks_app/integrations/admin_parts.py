@@ -19,7 +19,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from tasks_app.exceptions import IdempotencyConflict
-from tasks_app.models import Event, Task, TaskStatus
+from tasks_app.history.timeline import HistoryEntry
+from tasks_app.models import Task, TaskStatus
 from tasks_app.operations.task_actions import ACTIONS, ActionSpec
 from tasks_app.redaction import redact_event_data, redact_text, redacted_json
 from tasks_app.workflows import registry
@@ -208,7 +209,7 @@ def text_block(text: str) -> SafeString:
     return format_html('<pre class="redacted-text">{}</pre>', redact_text(text))
 
 
-def event_rows(events: Iterable[Event]) -> Iterator[tuple[Any, ...]]:
+def event_rows(events: Iterable[HistoryEntry]) -> Iterator[tuple[Any, ...]]:
     """The rows of an event timeline: the reason and the data as they may leave."""
     return (
         (

@@ -30,6 +30,7 @@ from tasks_app.models.statuses import (
     TERMINAL_TASK_STATUSES,
     StepStatus,
     TaskStatus,
+    derive_task_status,
     live_task_status,
     stored_task_status,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "TaskQuerySet",
     "TaskStatus",
     "WorkflowSample",
+    "derive_task_status",
     "leases_of",
     "live_status_fields",
     "live_task_status",

@@ -4,6 +4,8 @@ it stored before the claim)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.db import models
 
 
@@ -51,3 +53,27 @@ def live_task_status(stored: str, step_running: bool) -> str:
     if step_running and stored in (TaskStatus.PENDING, TaskStatus.RUNNING):
         return TaskStatus.RUNNING
     return stored
+
+
+def derive_task_status(
+    step_statuses: Iterable[str], *, cancel_requested: bool = False
+) -> TaskStatus:
+    """A task's status from its steps (superseded rows are history and ignored).
+
+    Once a cancel was requested the task ends ``cancelled`` as soon as nothing runs, even
+    if the step that was running finished its work: a late result does not revive it.
+    """
+    current = [status for status in step_statuses if status != StepStatus.SUPERSEDED]
+    if StepStatus.RUNNING in current:
+        return TaskStatus.RUNNING
+    if cancel_requested:
+        return TaskStatus.CANCELLED
+    if StepStatus.DEAD in current:
+        return TaskStatus.DEAD
+    if StepStatus.WAITING_APPROVAL in current:
+        return TaskStatus.WAITING_APPROVAL
+    if StepStatus.CANCELLED in current:
+        return TaskStatus.CANCELLED
+    if current and all(status == StepStatus.SUCCEEDED for status in current):
+        return TaskStatus.SUCCEEDED
+    return TaskStatus.PENDING

@@ -1,6 +1,7 @@
 """The invariant checker's checks on the shape of one task's event history.
 
-Each reads the task's events (oldest first) and its stored steps, already loaded for a batch by
+Each reads the task's history (oldest first: its events and the transitions its attempt
+records hold) and its stored steps, already loaded for a batch by
 :func:`tasks_app.observability.invariants.check_tasks`, so none of them queries the database:
 
 - ``enqueued``: the history starts with ``enqueued`` (a task without one, or whose first
@@ -11,7 +12,8 @@ Each reads the task's events (oldest first) and its stored steps, already loaded
 - ``claim``: every claim of a step (token t) is followed by an event of that step carrying
   token t that ends the attempt (``succeeded``, ``retry_scheduled``, ``dead_lettered``,
   ``cancelled``, ``lease_expired`` or ``claim_released``), unless the step still runs on
-  token t;
+  token t; and every token up to the step's stored one has its claim (an attempt record
+  holds it: ``tasks_app.history.timeline``);
 - ``terminal``: one end per run. An event whose ``task_status`` is ``succeeded``,
   ``cancelled`` or ``dead`` ends a run; another may follow only once an event made the
   task ``pending``, ``running`` or ``waiting_approval`` again, except a dead task that
@@ -43,7 +45,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class EventRow:
-    pk: int
+    # None for a transition read from an attempt's record (tasks_app.history.timeline).
+    pk: int | None
     step_id: int | None
     kind: str
     data: dict[str, Any]
@@ -163,6 +166,19 @@ def _unanswered_claims(
                 "claim", task_id, f"claim of token {token} on step {event.step_id} has no outcome"
             )
         )
+    # Every token a step reached was a claim, recorded by its attempt record (or an event).
+    claimed = {(event.step_id, event.token) for event in events if event.kind == EventKind.CLAIMED}
+    for step_id, stored in sorted(steps.items()):
+        missing = [t for t in range(1, stored.fencing_token + 1) if (step_id, t) not in claimed]
+        if missing:
+            findings.append(
+                Finding(
+                    "claim",
+                    task_id,
+                    f"step {step_id} reached token {stored.fencing_token} but its history has "
+                    f"no claim of token {', '.join(map(str, missing))}",
+                )
+            )
     return findings
 
 
@@ -209,4 +225,6 @@ def _ends_again_legitimately(
 
 
 def _name(event: EventRow) -> str:
+    if event.pk is None:
+        return f"the {event.kind} of token {event.token} (its Lease row)"
     return f"event {event.pk} ({event.kind})"

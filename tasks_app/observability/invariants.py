@@ -47,11 +47,10 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from tasks_app.db.clock import db_now
-from tasks_app.history import StepState, TaskState, fold_events
+from tasks_app.history import StepState, TaskState, fold_events, timeline
 from tasks_app.models import (
     ACTIVE_TASK_STATUSES,
     Effect,
-    Event,
     EventKind,
     Step,
     StepStatus,
@@ -166,14 +165,13 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         if task_id in steps:
             steps[task_id][pk] = StepState(status, attempts, token)
             findings += _undecodable(task_id, pk, {"result": result, "change_request": change})
-    events: dict[int, list[EventRow]] = {pk: [] for pk in statuses}
-    for pk, owner, step_id, kind, data in (
-        Event.objects.filter(task_id__in=ids)
-        .order_by("task_id", "id")
-        .values_list("id", "task_id", "step_id", "kind", "data")
-    ):
-        if owner in events:  # not a task pruned since the ids were read
-            events[owner].append(EventRow(pk, step_id, kind, data or {}))
+    # Tasks pruned since the ids were read are left out.
+    events: dict[int, list[EventRow]] = {
+        owner: [
+            EventRow(entry.pk, entry.step_id, entry.kind, entry.data or {}) for entry in entries
+        ]
+        for owner, entries in timeline.histories(statuses).items()
+    }
 
     for task_id, status in statuses.items():
         stored = TaskState.stored(status, steps[task_id])

@@ -3,7 +3,7 @@ and the audit log, each paged by keyset on ``id`` (no OFFSET, no total count).""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +17,6 @@ from tasks_app.db.clock import db_now
 from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import (
-    OPERATOR_EVENT_KINDS,
     Event,
     PayloadSearch,
     Step,
@@ -87,7 +86,7 @@ def tasks(filters: TaskFilter) -> QuerySet[Task]:
     """Tasks matching ``filters``; the key by prefix (``LIKE 'prefix%'`` with the user's
     ``%`` and ``_`` escaped, served by ``task_key_prefix_idx`` on PostgreSQL), the payload
     field by JSON containment, which the GIN index of ``PayloadSearch`` serves there."""
-    queryset = _matching(
+    queryset = matching(
         _in_status(filters.status, filters.finished_since),
         workflow=filters.workflow,
         queue=filters.queue,
@@ -96,7 +95,7 @@ def tasks(filters: TaskFilter) -> QuerySet[Task]:
     if filters.payload is not None:
         check_payload_filter(*filters.payload)
         queryset = queryset.filter(_payload_matches(*filters.payload))
-    return _in_window(queryset, filters.since, filters.until).annotate(**live_status_fields())
+    return in_window(queryset, filters.since, filters.until).annotate(**live_status_fields())
 
 
 def _in_status(status: str, finished_since: datetime | None) -> QuerySet[Task]:
@@ -115,13 +114,13 @@ def _in_status(status: str, finished_since: datetime | None) -> QuerySet[Task]:
     return queryset
 
 
-def _matching[M: Task | Event](queryset: QuerySet[M], **equal: str) -> QuerySet[M]:
+def matching[M: Task | Event](queryset: QuerySet[M], **equal: str) -> QuerySet[M]:
     """``queryset`` narrowed by each lookup given a value (an empty filter field is no
     filter)."""
     return queryset.filter(**{lookup: value for lookup, value in equal.items() if value})
 
 
-def _in_window[M: Task | Event](
+def in_window[M: Task | Event](
     queryset: QuerySet[M], since: datetime | None, until: datetime | None
 ) -> QuerySet[M]:
     """Rows created at or after ``since`` and before ``until``."""
@@ -192,7 +191,7 @@ def _dead_steps(filters: DeadFilter) -> Q:
 
 def dead_tasks(filters: DeadFilter) -> QuerySet[Task]:
     """Dead tasks matching ``filters`` (the bulk actions act on these)."""
-    queryset = _matching(Task.objects.dead(), workflow=filters.workflow, queue=filters.queue)
+    queryset = matching(Task.objects.dead(), workflow=filters.workflow, queue=filters.queue)
     if filters.error_class or filters.fingerprint:
         queryset = queryset.filter(
             Exists(Step.objects.filter(_dead_steps(filters), task=OuterRef("pk")))
@@ -214,7 +213,7 @@ def operator_targets(
     already being cancelled), narrowed to ``ids`` when given, by the dead letters' filters
     (``error_class`` and ``fingerprint`` are those of a dead step, as in
     :func:`dead_tasks`), and to those created before ``created_before``."""
-    queryset = _matching(
+    queryset = matching(
         Task.objects.filter(status__in=list(statuses), cancel_requested_at=None),
         workflow=workflow,
         queue=queue,
@@ -316,52 +315,3 @@ def dead_error_classes() -> list[str]:
         .distinct()
         .order_by("error_class")
     )
-
-
-# --- the audit log ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AuditFilter:
-    # The start of the actor's name, in any case.
-    actor: str = ""
-    kind: str = ""
-    workflow: str = ""
-    # The events of one task.
-    task: int | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    # The events of one bulk action (each carries its plan's id).
-    plan: str = ""
-
-
-def audit_events(filters: AuditFilter) -> QuerySet[Event]:
-    """Events matching ``filters``. The actor is a prefix in any case (``UPPER(actor) LIKE
-    'OLI%'`` with the user's ``%`` and ``_`` escaped), served on PostgreSQL by
-    ``event_audit_actor_prefix_idx``, which holds operator actions only: so unless an
-    action is chosen, the actor filter lists operator actions, the ones people (and the
-    system on their behalf) take; the workers' own events are found by their action."""
-    queryset = _matching(Event.objects.all(), kind=filters.kind)
-    if filters.task is not None:
-        queryset = queryset.filter(task_id=filters.task)
-    if filters.actor:
-        queryset = queryset.filter(actor__istartswith=filters.actor)
-        if not filters.kind:
-            queryset = queryset.filter(kind__in=sorted(OPERATOR_EVENT_KINDS))
-    if filters.plan:
-        # Operator actions (the audit indexes' own condition), then the plan in their data.
-        queryset = queryset.filter(kind__in=sorted(OPERATOR_EVENT_KINDS), data__plan=filters.plan)
-    if filters.workflow:
-        queryset = queryset.filter(
-            task_id__in=Task.objects.filter(workflow=filters.workflow).values("pk")
-        )
-    return _in_window(queryset, filters.since, filters.until)
-
-
-def audit_page(filters: AuditFilter, *, after: int | None) -> Page[Event]:
-    return keyset_page(audit_events(filters), after=after)
-
-
-def task_workflows(task_ids: Mapping[int, Any] | list[int]) -> dict[int, str]:
-    """Workflow names of the given tasks (for audit rows, whose task may be pruned)."""
-    return dict(Task.objects.filter(pk__in=list(task_ids)).values_list("pk", "workflow"))

@@ -20,6 +20,8 @@ from django.db.models.functions import TruncMinute
 
 from tasks_app.db.clock import db_now
 from tasks_app.exceptions import AWAITING_VERSION
+from tasks_app.history import timeline
+from tasks_app.history.timeline import HistoryEntry
 from tasks_app.models import (
     Effect,
     Event,
@@ -283,7 +285,7 @@ class StepRow:
 class TaskDetail:
     task: Task
     steps: list[StepRow]
-    events: list[Event]
+    events: list[HistoryEntry]
     now: datetime
     # The first dead step (the one redrive and resolve act on), if any.
     dead_step: Step | None = None
@@ -384,7 +386,7 @@ def task_detail(task: Task) -> TaskDetail:
     return TaskDetail(
         task=task,
         steps=rows,
-        events=list(Event.objects.for_task(task.pk)),
+        events=timeline.history(task.pk),
         now=db_now(),
         dead_step=dead,
         awaiting_version=waiting,

@@ -16,6 +16,7 @@ from tasks_app import services
 from tasks_app.demo import fakes
 from tasks_app.engine import runner
 from tasks_app.exceptions import InvalidPayload
+from tasks_app.history import timeline
 from tasks_app.models import Effect, Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.approval_support import (
     ARTICLE,
@@ -197,7 +198,7 @@ def test_the_events_of_a_ticket_whose_mail_was_resolved_tell_its_whole_story(
     task = _timed_out_reply(editor, mail)
     services.resolve(task, actor=oncall, reason="in the mail log", outcome="done")
 
-    events = list(Event.objects.for_task(task.pk))
+    events = timeline.history(task.pk)
     assert [(event.kind, event.actor) for event in events] == [
         (EventKind.ENQUEUED, "cli:producer"),
         (EventKind.CLAIMED, "worker:" + events[1].actor.removeprefix("worker:")),

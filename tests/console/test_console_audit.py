@@ -3,17 +3,14 @@ cell a formula, a bad filter refused naming its field, and bulk actions by their
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.test import Client
 
 from tasks_app import services
 from tasks_app.models import Event, Step
-from tests.console_support import HTMX, body, confirm_bulk, login
+from tests.console_support import HTMX, body, confirm_bulk, export_rows, login
 from tests.factories import dead_task, enqueued, noop
 
 pytestmark = pytest.mark.django_db
@@ -36,17 +33,6 @@ def test_the_audit_log_filters_and_exports_the_same_rows_as_csv(
     assert rows[0][:4] == ["id", "created_at", "kind", "actor"]
     assert [row[2] for row in rows[1:]] == ["queue_paused", "redriven"]
     assert all(row[3] == oncall.username for row in rows[1:])
-
-
-def export_rows(client: Client, **filters: str) -> list[list[str]]:
-    """The export's header and event rows; its last row, the audit chain's head, is
-    checked and left out."""
-    export = client.get("/audit/export.csv", filters)
-    assert export.status_code == 200 and export["Content-Type"].startswith("text/csv")
-    content = b"".join(export.streaming_content)  # type: ignore[attr-defined]
-    *rows, head = csv.reader(io.StringIO(content.decode()))
-    assert head[0].startswith("# chain head: ") and len(head) == len(rows[0])
-    return rows
 
 
 SECRETS = {"password": "hunter2", "api_token": "abc", "nested": [{"Client-Secret": "x"}]}

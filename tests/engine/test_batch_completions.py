@@ -18,7 +18,8 @@ from django.db import transaction
 
 from tasks_app import services
 from tasks_app.engine import fastpath
-from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
+from tasks_app.history import timeline
+from tasks_app.models import EventKind, Lease, Step, StepStatus, Task, TaskStatus
 from tasks_app.services import Claim
 from tests.batch_support import claim_due, noops
 from tests.conftest import BrokerView, backdate, event_kinds, only_step
@@ -299,7 +300,13 @@ def test_a_batch_completion_names_each_claims_own_worker_as_the_actor() -> None:
 
     assert fastpath.complete_many([(first, {}), (second, {})]) == {first.step_id, second.step_id}
 
-    actors = dict(Event.objects.filter(kind=EventKind.SUCCEEDED).values_list("step_id", "actor"))
+    succeeded = [
+        entry
+        for entries in timeline.histories(Task.objects.values_list("pk", flat=True)).values()
+        for entry in entries
+        if entry.kind == EventKind.SUCCEEDED
+    ]
+    actors = {entry.step_id: entry.actor for entry in succeeded}
     assert actors == {first.step_id: "worker:wa", second.step_id: "worker:wb"}
 
 
@@ -379,7 +386,7 @@ def _story(path: Path, workflow: str) -> dict[str, Any]:
             ],
             "events": [
                 (e.kind, e.actor, e.reason, names.get(e.step_id or 0), named(e.data))
-                for e in Event.objects.for_task(task.pk)
+                for e in timeline.history(task.pk)
             ],
         }
     return transcript

@@ -1,9 +1,10 @@
-"""Every transition and its Event commit together (DESIGN rule 8), and the database's
-clock decides what is due and what has expired (rule 3).
+"""Every transition and its record commit together (DESIGN rule 8): its Event, or the row
+that records it (an attempt's Lease row holds its claim and its success); and the
+database's clock decides what is due and what has expired (rule 3).
 
-The event write is made to fail for real, by a PostgreSQL trigger on the event table that
-refuses one kind; the transition that needed it must leave nothing behind. The trigger
-lives in the test's transaction and goes with it.
+The record's write is made to fail for real, by a PostgreSQL trigger on the event table
+that refuses one kind, or on the lease table; the transition that needed it must leave
+nothing behind. The trigger lives in the test's transaction and goes with it.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from tasks_app import services
 from tasks_app.engine import fastpath
-from tasks_app.history import TaskState, fold
-from tasks_app.models import Event, Lease, Step, StepStatus, Task, TaskStatus
+from tasks_app.history import TaskState, fold, timeline
+from tasks_app.models import Lease, Step, StepStatus, Task, TaskStatus
 from tests.approval_support import advance, article, current, pending_request
 from tests.conftest import backdate, only_step
 
@@ -36,6 +37,16 @@ BEGIN
 END $$ LANGUAGE plpgsql;
 CREATE TRIGGER refuse_event BEFORE INSERT ON tasks_app_event
     FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_event('{kind}');
+"""
+
+
+REFUSE_LEASES = """
+CREATE FUNCTION pg_temp.refuse_lease() RETURNS trigger AS $$
+BEGIN
+    RAISE EXCEPTION 'the attempt record of step % cannot be written', NEW.step_id;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER refuse_lease BEFORE INSERT OR UPDATE ON tasks_app_lease
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_lease();
 """
 
 
@@ -56,7 +67,7 @@ def _state(task: Task) -> tuple[Any, ...]:
         task.cancel_requested_at,
         steps,
         Lease.objects.filter(step__task=task).count(),
-        Event.objects.for_task(task.pk).count(),
+        [entry.kind for entry in timeline.history(task.pk)],
     )
 
 
@@ -64,34 +75,45 @@ def _noop() -> Task:
     return services.enqueue("demo.noop", {}, actor="cli:producer").task
 
 
+class Undone(Exception):
+    pass
+
+
 @pytest.mark.parametrize("path", ["one step", "batch"])
-def test_a_claim_whose_event_cannot_be_written_claims_nothing(
-    refuse_events: Callable[[str], None], path: str
-) -> None:
+def test_a_claim_is_recorded_by_the_write_that_makes_it(db: None, path: str) -> None:
+    """The claim's record is the lease it puts on its step: one row, so a claim rolled back
+    leaves no claim in the history, and one committed is in it."""
     task = _noop()
     before = _state(task)
-    refuse_events("claimed")
 
-    with pytest.raises(DatabaseError, match="claimed event"):
+    def claim() -> None:
         if path == "one step":
-            services.claim_step(only_step(task).pk, worker_id="w1")
+            assert services.claim_step(only_step(task).pk, worker_id="w1") is not None
         else:
-            fastpath.claim_batch(worker_id="w1", limit=5, queue="default")
+            assert fastpath.claim_batch(worker_id="w1", limit=5, queue="default")
+
+    with pytest.raises(Undone), transaction.atomic():
+        claim()
+        assert _state(task)[-1] == ["enqueued", "claimed"]
+        raise Undone
 
     assert _state(task) == before
+    claim()
+    assert _state(task)[-1] == ["enqueued", "claimed"]
 
 
 @pytest.mark.parametrize("path", ["one step", "batch"])
-def test_a_completion_whose_event_cannot_be_written_completes_nothing(
-    refuse_events: Callable[[str], None], path: str
+def test_a_completion_whose_attempt_record_cannot_be_written_completes_nothing(
+    db: None, path: str
 ) -> None:
     task = _noop()
     claim = services.claim_step(only_step(task).pk, worker_id="w1")
     assert claim is not None
     before = _state(task)
-    refuse_events("succeeded")
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE_LEASES)
 
-    with pytest.raises(DatabaseError, match="succeeded event"):
+    with pytest.raises(DatabaseError, match="attempt record"):
         if path == "one step":
             services.complete_step(claim, {"done": True})
         else:

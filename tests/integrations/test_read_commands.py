@@ -13,7 +13,8 @@ from django.contrib.auth.models import User
 
 from tasks_app import services
 from tasks_app.engine import runner
-from tasks_app.models import Event, Step, Task, TaskStatus
+from tasks_app.history import timeline
+from tasks_app.models import Step, Task, TaskStatus
 from tasks_app.operations import selectors
 from tasks_app.redaction import REDACTED, redact
 from tests.command_support import OS_USER, lines, refused, run, status_of
@@ -120,7 +121,7 @@ def test_task_status_shows_the_last_ten_events_oldest_first(db: None) -> None:
             claim_and_run(task)
         assert status_of(task) == TaskStatus.DEAD
         services.redrive(task, actor="cli:ann", reason="once more")
-    kinds = list(Event.objects.for_task(task.pk).values_list("kind", flat=True))
+    kinds = [entry.kind for entry in timeline.history(task.pk)]
     assert len(kinds) == 15
 
     printed = status_json("--id", str(task.pk))

@@ -331,7 +331,8 @@ def test_a_sweep_that_prunes_says_so_in_one_line(
         assert services.sweep().jobs["pruned"] == 1
 
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks_app.operations.retention"]
-    assert lines == ["pruned 1 finished task(s) and 3 event(s); 0 operator event(s) kept for audit"]
+    # Its enqueue is an event; its claim and success are its attempt's Lease row.
+    assert lines == ["pruned 1 finished task(s) and 1 event(s); 0 operator event(s) kept for audit"]
 
 
 def test_the_sweep_prunes_operator_events_past_the_audit_retention(
@@ -361,9 +362,8 @@ def test_pruned_events_are_added_to_their_kinds_counters(db: None, oncall: User)
 
     assert not Event.objects.exists()
     assert _counters() == {
+        # Claims and successes are their attempts' Lease rows, not events: none is counted.
         "events_pruned:enqueued": 5 + 3,
-        "events_pruned:claimed": 2,
-        "events_pruned:succeeded": 2,
         "events_pruned:cancelled": 1,
     }
     # Stored events plus the tally never go down.
@@ -456,7 +456,7 @@ def test_prune_history_dry_run_prints_the_counts_and_deletes_nothing(
     assert lines[0].endswith("(cancelled 1, succeeded 2)")
     assert lines[1:4] == [
         "  with them: steps 3",
-        "  their events: 7 (claimed 2, enqueued 3, succeeded 2)",
+        "  their events: 3 (enqueued 3)",
         "  their operator events kept for audit: 1",
     ]
     assert lines[4].endswith("their task gone: 0 (-)")

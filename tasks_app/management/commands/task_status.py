@@ -12,9 +12,11 @@ from django.core.management.base import CommandParser
 
 from tasks_app import services
 from tasks_app.exceptions import error_summary
+from tasks_app.history import timeline
+from tasks_app.history.timeline import HistoryEntry
 from tasks_app.management.cli import OperatorCommand, bad_input
 from tasks_app.management.output import line, table, when
-from tasks_app.models import Event, Step, StepStatus, Task
+from tasks_app.models import Step, StepStatus, Task
 from tasks_app.redaction import redact, redact_text
 
 MAX_EVENTS = 1000
@@ -53,7 +55,7 @@ def _step(step: Step) -> dict[str, Any]:
     }
 
 
-def _event(event: Event) -> dict[str, Any]:
+def _event(event: HistoryEntry) -> dict[str, Any]:
     return {
         "at": event.created_at,
         "kind": event.kind,
@@ -100,8 +102,7 @@ class Command(OperatorCommand):
             if task is None:
                 raise bad_input(f"id: no task with id {options['id']}")
         steps = [_step(step) for step in task.steps.order_by("position", "revision")]
-        last = list(Event.objects.for_task(task.pk).order_by("-id")[:count]) if count else []
-        events = [_event(event) for event in reversed(last)]
+        events = [_event(event) for event in timeline.history(task.pk)[-count:]] if count else []
         if options["json"]:
             self.stdout.write(
                 json.dumps(_as_json(task, steps, events), ensure_ascii=False, indent=2)

@@ -1,0 +1,264 @@
+"""The audit log: its filter, its pages and its export's rows, newest first.
+
+It lists events (keyset on their id). One task's whole history (a task chosen and no action,
+actor or bulk action) is its timeline (``tasks_app.history.timeline``), paged by position.
+Claims and successes are read from the attempts' records, which hold them, not from Event
+rows: chosen as the action (``claimed``, ``succeeded``), the audit log lists the attempts'
+Lease rows (keyset on the row's id) and, on its first page, the claims of the steps running
+now, whose lease is still on the step. Each reads as the event it stands for, and the other
+filters apply as to events: the actor is ``worker:<worker id>``, the time is the claim's or
+the success's, a bulk action's plan holds none. Otherwise those Event rows that repeat an
+attempt's record are left out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+
+from tasks_app.history import timeline
+from tasks_app.history.timeline import (
+    RECORDED_BY_ATTEMPTS,
+    AttemptEvent,
+    HistoryEntry,
+    lease_transitions,
+)
+from tasks_app.models import (
+    OPERATOR_EVENT_KINDS,
+    Event,
+    EventKind,
+    Lease,
+    Step,
+    StepStatus,
+    Task,
+    leases_of,
+)
+from tasks_app.operations.listings import Page, in_window, keyset_page, matching
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    # The start of the actor's name, in any case.
+    actor: str = ""
+    kind: str = ""
+    workflow: str = ""
+    # The events of one task.
+    task: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    # The events of one bulk action (each carries its plan's id).
+    plan: str = ""
+
+
+def audit_events(filters: AuditFilter) -> QuerySet[Event]:
+    """Events matching ``filters``. The actor is a prefix in any case (``UPPER(actor) LIKE
+    'OLI%'`` with the user's ``%`` and ``_`` escaped), served on PostgreSQL by
+    ``event_audit_actor_prefix_idx``, which holds operator actions only: so unless an
+    action is chosen, the actor filter lists operator actions, the ones people (and the
+    system on their behalf) take; the workers' own events are found by their action.
+
+    Not the claims and successes: their Event rows repeat attempts' records, which are
+    read for them (:func:`attempt_page`)."""
+    queryset = matching(Event.objects.all(), kind=filters.kind)
+    if not filters.kind:
+        queryset = queryset.exclude(kind__in=RECORDED_BY_ATTEMPTS)
+    if filters.task is not None:
+        queryset = queryset.filter(task_id=filters.task)
+    if filters.actor:
+        queryset = queryset.filter(actor__istartswith=filters.actor)
+        if not filters.kind:
+            queryset = queryset.filter(kind__in=sorted(OPERATOR_EVENT_KINDS))
+    if filters.plan:
+        # Operator actions (the audit indexes' own condition), then the plan in their data.
+        queryset = queryset.filter(kind__in=sorted(OPERATOR_EVENT_KINDS), data__plan=filters.plan)
+    if filters.workflow:
+        queryset = queryset.filter(
+            task_id__in=Task.objects.filter(workflow=filters.workflow).values("pk")
+        )
+    return in_window(queryset, filters.since, filters.until)
+
+
+def _whole_history(filters: AuditFilter) -> bool:
+    """Whether ``filters`` ask for one task's whole history: a task and no action, actor or
+    bulk action chosen (those list events)."""
+    return filters.task is not None and not (filters.kind or filters.actor or filters.plan)
+
+
+def task_history(filters: AuditFilter) -> list[HistoryEntry]:
+    """One task's history as the task page's timeline shows it, newest first, within the
+    time window and of the workflow ``filters`` name."""
+    assert filters.task is not None
+    if (
+        filters.workflow
+        and not Task.objects.filter(pk=filters.task, workflow=filters.workflow).exists()
+    ):
+        return []
+    return [
+        entry
+        for entry in reversed(timeline.history(filters.task))
+        if (filters.since is None or entry.created_at >= filters.since)
+        and (filters.until is None or entry.created_at < filters.until)
+    ]
+
+
+def audit_page(filters: AuditFilter, *, after: int | None) -> Page[HistoryEntry]:
+    """One page of the audit log, newest first. One task's whole history pages by position
+    (``after`` is how many rows earlier pages showed)."""
+    if _whole_history(filters):
+        size, start = settings.CONSOLE_PAGE_SIZE, after or 0
+        entries = task_history(filters)
+        more = len(entries) > start + size
+        return Page(entries[start : start + size], start + size if more else None)
+    if read_from_attempts(filters):
+        return attempt_page(filters, after=after)
+    events = keyset_page(audit_events(filters), after=after)
+    return Page(list[HistoryEntry](events.rows), events.next_after)
+
+
+def audit_entries(filters: AuditFilter) -> Iterator[HistoryEntry]:
+    """The whole audit log ``filters`` choose, newest first, read a chunk at a time."""
+    if _whole_history(filters):
+        yield from task_history(filters)
+    elif read_from_attempts(filters):
+        yield from all_attempt_events(filters)
+    else:
+        yield from audit_events(filters).order_by("-id").iterator(chunk_size=2000)
+
+
+def task_workflows(task_ids: Mapping[int, Any] | list[int]) -> dict[int, str]:
+    """Workflow names of the given tasks (for audit rows, whose task may be pruned)."""
+    return dict(Task.objects.filter(pk__in=list(task_ids)).values_list("pk", "workflow"))
+
+
+# --- claims and successes, from the attempts' records ------------------------------------------
+
+
+WORKER = "worker:"
+CHUNK = 2000
+
+
+def read_from_attempts(filters: AuditFilter) -> bool:
+    """Whether the action chosen is one the attempts' records hold."""
+    return filters.kind in RECORDED_BY_ATTEMPTS
+
+
+def _worker_prefix(actor: str) -> str | None:
+    """The worker id prefix an actor filter asks for: "" for every worker, None for none."""
+    lowered = actor.lower()
+    if WORKER.startswith(lowered):
+        return ""
+    if lowered.startswith(WORKER):
+        return actor[len(WORKER) :]
+    return None
+
+
+def _window(field: str, since: datetime | None, until: datetime | None) -> dict[str, datetime]:
+    bounds = {}
+    if since is not None:
+        bounds[f"{field}__gte"] = since
+    if until is not None:
+        bounds[f"{field}__lt"] = until
+    return bounds
+
+
+def attempt_leases(filters: AuditFilter) -> QuerySet[Lease]:
+    """The Lease rows whose claims (or successes) match ``filters``."""
+    worker = _worker_prefix(filters.actor)
+    if worker is None or filters.plan:
+        return Lease.objects.none()
+    leases = Lease.objects.select_related("step")
+    if filters.kind == EventKind.SUCCEEDED:
+        leases = leases.filter(outcome=Lease.Outcome.SUCCEEDED)
+        leases = leases.filter(**_window("released_at", filters.since, filters.until))
+    else:
+        leases = leases.filter(**_window("acquired_at", filters.since, filters.until))
+    if worker:
+        leases = leases.filter(worker_id__istartswith=worker)
+    if filters.task is not None:
+        leases = leases.filter(step__task_id=filters.task)
+    if filters.workflow:
+        leases = leases.filter(step__task__workflow=filters.workflow)
+    return leases
+
+
+def live_claims(filters: AuditFilter) -> list[AttemptEvent]:
+    """The claims of the steps running now that match ``filters`` (none for successes),
+    newest first."""
+    worker = _worker_prefix(filters.actor)
+    if filters.kind != EventKind.CLAIMED or worker is None or filters.plan:
+        return []
+    steps = Step.objects.filter(status=StepStatus.RUNNING, started_at__isnull=False)
+    steps = steps.filter(**_window("started_at", filters.since, filters.until))
+    if worker:
+        steps = steps.filter(lease_worker__istartswith=worker)
+    if filters.task is not None:
+        steps = steps.filter(task_id=filters.task)
+    if filters.workflow:
+        steps = steps.filter(task__workflow=filters.workflow)
+    running = list(steps.order_by("-started_at", "-id"))
+    return [
+        _as_event(step.task_id, lease, filters.kind)
+        for step in running
+        for lease in leases_of([step])[step.pk][-1:]
+        if lease.pk is None
+    ]
+
+
+def _as_event(task_id: int, lease: Lease, kind: str) -> AttemptEvent:
+    return next(entry for entry in lease_transitions(task_id, lease) if entry.kind == kind)
+
+
+def attempt_page(filters: AuditFilter, *, after: int | None) -> Page[HistoryEntry]:
+    """One page of the claims or successes matching ``filters``, newest first; the claims
+    running now lead the first page."""
+    size = settings.CONSOLE_PAGE_SIZE
+    leases = attempt_leases(filters)
+    if after is not None:
+        leases = leases.filter(pk__lt=after)
+    rows = list(leases.order_by("-pk")[: size + 1])
+    more = len(rows) > size
+    rows = rows[:size]
+    entries: list[HistoryEntry] = [*live_claims(filters)] if after is None else []
+    entries += [_as_event(lease.step.task_id, lease, filters.kind) for lease in rows]
+    return Page(entries, rows[-1].pk if more and rows else None)
+
+
+def all_attempt_events(filters: AuditFilter) -> Iterator[AttemptEvent]:
+    """Every claim or success matching ``filters``, newest first."""
+    yield from live_claims(filters)
+    for lease in attempt_leases(filters).order_by("-pk").iterator(chunk_size=CHUNK):
+        yield _as_event(lease.step.task_id, lease, filters.kind)
+
+
+EXPORT_ID = re.compile(r"^(claimed|succeeded):(\d+):(\d+)$")
+
+
+def parse_export_id(text: str) -> tuple[str, int, int] | None:
+    """The kind, step and token an export row's id names (:func:`export_id`), or None."""
+    match = EXPORT_ID.match(text)
+    return (match[1], int(match[2]), int(match[3])) if match else None
+
+
+def attempt_record(kind: str, step_id: int, token: int) -> AttemptEvent | None:
+    """The transition ``kind`` of attempt ``token`` of step ``step_id`` as its record holds
+    it now, or None when there is none (retention deleted it with its task)."""
+    step = Step.objects.filter(pk=step_id).first()
+    if step is None:
+        return None
+    for lease in leases_of([step])[step.pk]:
+        if lease.token == token:
+            shown = lease_transitions(step.task_id, lease)
+            return next((entry for entry in shown if entry.kind == kind), None)
+    return None
+
+
+def export_id(entry: AttemptEvent) -> str:
+    """How an export names a transition an attempt's record holds: its kind, step and token
+    (an attempt is its step's token), as ``claimed:<step>:<token>``."""
+    return f"{entry.kind}:{entry.step_id}:{entry.data['token']}"
