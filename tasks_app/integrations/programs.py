@@ -29,6 +29,8 @@ import logging
 import os
 from typing import Any
 
+from celery import beat as celery_beat
+from celery import platforms
 from celery.apps import worker as celery_worker
 from celery.apps.beat import Beat as CeleryBeat
 from celery.signals import worker_shutting_down
@@ -80,6 +82,26 @@ class Beat(CeleryBeat):
         if json:
             set_up_logging()
         super().__init__(quiet=quiet or json, **kwargs)
+
+    def install_sync_handler(self, service: celery_beat.Service) -> None:
+        """SIGTERM and SIGINT: save and close the scheduler if it is made, then exit.
+
+        Celery's handler asks the service for its scheduler, which builds one if none is
+        made yet: a signal while beat is still opening its schedule file built a second
+        scheduler inside the first's import of the file's database module, which failed,
+        and beat exited with status 1 and a traceback instead of stopping."""
+
+        def stop(signum: int, frame: Any) -> None:
+            if "scheduler" in service.__dict__:  # a cached property, once made
+                service.sync()  # closing the scheduler says it stopped (integrations.beat)
+            else:
+                logger.info(
+                    "beat: stopped; messages sent since it started: none "
+                    "(stopped while opening its schedule)"
+                )
+            raise SystemExit()
+
+        platforms.signals.update(SIGTERM=stop, SIGINT=stop)
 
 
 class Logger(GunicornLogger):  # type: ignore[misc]  # gunicorn has no types

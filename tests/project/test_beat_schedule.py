@@ -4,15 +4,20 @@ every deployment on a host shares."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+from celery.beat import Service
 from honcho.environ import parse_procfile
 
+from config.celery import app
 from tests.e2e_support import ROOT, wait_for
 from tests.settings_support import PRODUCTION, clean_env, load_settings
 
@@ -79,3 +84,56 @@ def test_the_procfile_beat_keeps_its_schedule_in_the_deployments_var_folder(
         log.close()
     assert list(var.glob("celerybeat-schedule*")), output()
     assert beat.returncode in (0, -signal.SIGTERM), output()
+
+
+@pytest.fixture
+def stop_handler() -> Iterator[None]:
+    """Beat's SIGTERM and SIGINT handlers installed by a test, the runner's put back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def beat_service(tmp_path: Path) -> Service:
+    service = Service(
+        app=app,
+        schedule_filename=str(tmp_path / "celerybeat-schedule"),
+        scheduler_cls=app.conf.beat_scheduler,  # as `celery beat` makes it
+    )
+    app.Beat(quiet=True).install_sync_handler(service)
+    return service
+
+
+def stop(service: Service) -> None:
+    handler = signal.getsignal(signal.SIGTERM)
+    assert callable(handler)
+    with pytest.raises(SystemExit):
+        handler(signal.SIGTERM, None)
+
+
+def test_a_signal_while_beat_opens_its_schedule_stops_it_without_making_another(
+    tmp_path: Path, stop_handler: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Celery's handler asked the service for its scheduler, which built one inside the
+    # first's opening of its schedule file; the process exited 1 with a traceback.
+    service = beat_service(tmp_path)
+    with caplog.at_level(logging.INFO):
+        stop(service)
+    assert "scheduler" not in service.__dict__
+    assert not list(tmp_path.glob("celerybeat-schedule*"))
+    assert (
+        "beat: stopped; messages sent since it started: none (stopped while opening its schedule)"
+    ) in caplog.messages
+
+
+def test_a_signal_after_beat_opened_its_schedule_saves_and_closes_it(
+    tmp_path: Path, stop_handler: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = beat_service(tmp_path)
+    assert service.scheduler.schedule  # made, and its schedule file open
+    with caplog.at_level(logging.INFO):
+        stop(service)
+    assert service._is_stopped.is_set()
+    assert list(tmp_path.glob("celerybeat-schedule*"))
+    assert "beat: stopped; messages sent since it started: none" in caplog.messages
