@@ -74,34 +74,26 @@ def attempt_events(task_id: int, lease: Lease) -> list[AttemptEvent]:
 def lease_transitions(task_id: int, lease: Lease) -> list[AttemptEvent]:
     """The claim ``lease`` holds, and its success if it ended so, whenever it was written
     (the attempt is left out where the row did not keep it)."""
-    actor = f"worker:{lease.worker_id}"
+
+    def transition(kind: str, status: str, at: datetime, **data: Any) -> AttemptEvent:
+        return AttemptEvent(
+            task_id=task_id,
+            step_id=lease.step_id,
+            kind=kind,
+            actor=f"worker:{lease.worker_id}",
+            created_at=at,
+            data={
+                "steps": {str(lease.step_id): [status, lease.attempt, lease.token]},
+                "token": lease.token,
+                **data,
+            },
+        )
+
     attempt = {"attempt": lease.attempt} if lease.attempt else {}
-    claimed = AttemptEvent(
-        task_id=task_id,
-        step_id=lease.step_id,
-        kind=EventKind.CLAIMED,
-        actor=actor,
-        created_at=lease.acquired_at,
-        data={
-            "steps": {str(lease.step_id): [StepStatus.RUNNING, lease.attempt, lease.token]},
-            "token": lease.token,
-            **attempt,
-        },
-    )
+    claimed = transition(EventKind.CLAIMED, StepStatus.RUNNING, lease.acquired_at, **attempt)
     if lease.outcome != Lease.Outcome.SUCCEEDED or lease.released_at is None:
         return [claimed]
-    succeeded = AttemptEvent(
-        task_id=task_id,
-        step_id=lease.step_id,
-        kind=EventKind.SUCCEEDED,
-        actor=actor,
-        created_at=lease.released_at,
-        data={
-            "steps": {str(lease.step_id): [StepStatus.SUCCEEDED, lease.attempt, lease.token]},
-            "token": lease.token,
-        },
-    )
-    return [claimed, succeeded]
+    return [claimed, transition(EventKind.SUCCEEDED, StepStatus.SUCCEEDED, lease.released_at)]
 
 
 def _key(entry: HistoryEntry) -> tuple[str, int | None, Any, Any]:

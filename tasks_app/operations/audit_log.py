@@ -167,45 +167,52 @@ def _window(field: str, since: datetime | None, until: datetime | None) -> dict[
     return bounds
 
 
+def _narrowed[M: (Lease, Step)](
+    rows: QuerySet[M], filters: AuditFilter, *, worker: str, task: str, at: str
+) -> QuerySet[M]:
+    """``rows`` narrowed to the worker prefix, task, workflow and time window ``filters``
+    choose, each named by its field on ``rows``."""
+    rows = rows.filter(**_window(at, filters.since, filters.until))
+    prefix = _worker_prefix(filters.actor)
+    if prefix:
+        rows = rows.filter(**{f"{worker}__istartswith": prefix})
+    if filters.task is not None:
+        rows = rows.filter(**{f"{task}_id": filters.task})
+    if filters.workflow:
+        rows = rows.filter(**{f"{task}__workflow": filters.workflow})
+    return rows
+
+
+def _none_match(filters: AuditFilter) -> bool:
+    """Whether ``filters`` rule out every attempt's record: an actor other than a worker, or
+    a bulk action (whose plan holds none)."""
+    return _worker_prefix(filters.actor) is None or bool(filters.plan)
+
+
 def attempt_leases(filters: AuditFilter) -> QuerySet[Lease]:
     """The Lease rows whose claims (or successes) match ``filters``."""
-    worker = _worker_prefix(filters.actor)
-    if worker is None or filters.plan:
+    if _none_match(filters):
         return Lease.objects.none()
     leases = Lease.objects.select_related("step")
+    at = "acquired_at"
     if filters.kind == EventKind.SUCCEEDED:
-        leases = leases.filter(outcome=Lease.Outcome.SUCCEEDED)
-        leases = leases.filter(**_window("released_at", filters.since, filters.until))
-    else:
-        leases = leases.filter(**_window("acquired_at", filters.since, filters.until))
-    if worker:
-        leases = leases.filter(worker_id__istartswith=worker)
-    if filters.task is not None:
-        leases = leases.filter(step__task_id=filters.task)
-    if filters.workflow:
-        leases = leases.filter(step__task__workflow=filters.workflow)
-    return leases
+        leases, at = leases.filter(outcome=Lease.Outcome.SUCCEEDED), "released_at"
+    return _narrowed(leases, filters, worker="worker_id", task="step__task", at=at)
 
 
 def live_claims(filters: AuditFilter) -> list[AttemptEvent]:
     """The claims of the steps running now that match ``filters`` (none for successes),
     newest first."""
-    worker = _worker_prefix(filters.actor)
-    if filters.kind != EventKind.CLAIMED or worker is None or filters.plan:
+    if filters.kind != EventKind.CLAIMED or _none_match(filters):
         return []
-    steps = Step.objects.filter(status=StepStatus.RUNNING, started_at__isnull=False)
-    steps = steps.filter(**_window("started_at", filters.since, filters.until))
-    if worker:
-        steps = steps.filter(lease_worker__istartswith=worker)
-    if filters.task is not None:
-        steps = steps.filter(task_id=filters.task)
-    if filters.workflow:
-        steps = steps.filter(task__workflow=filters.workflow)
+    running_now = Step.objects.filter(status=StepStatus.RUNNING, started_at__isnull=False)
+    steps = _narrowed(running_now, filters, worker="lease_worker", task="task", at="started_at")
     running = list(steps.order_by("-started_at", "-id"))
+    attempts = leases_of(running)
     return [
         _as_event(step.task_id, lease, filters.kind)
         for step in running
-        for lease in leases_of([step])[step.pk][-1:]
+        for lease in attempts[step.pk][-1:]
         if lease.pk is None
     ]
 

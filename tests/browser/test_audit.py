@@ -21,7 +21,7 @@ from tasks_app import services
 from tasks_app.history import audit_chain
 from tasks_app.models import Event
 from tests.browser.support import SCREENSHOTS, log_in
-from tests.factories import dead_task, noop
+from tests.factories import dead_task, noop, succeeded
 
 pytestmark = [
     pytest.mark.browser,
@@ -149,3 +149,43 @@ def test_an_auditor_filters_the_audit_log_reads_its_labels_and_exports_it(
     expect(notice).to_contain_text("The filter was not applied")
     expect(notice).to_contain_text("task: a task id, a whole number")
     expect(page.locator("#results table")).to_have_count(0)
+
+
+def test_an_auditor_lists_the_claims_and_successes_and_exports_the_claims(
+    page: Page, auditor: User
+) -> None:
+    # Claims and successes are read from the attempts' records: the running claim, whose
+    # lease is still on its step, leads the claims; only the ended attempt succeeded.
+    done = succeeded()
+    running = noop()
+    claim = services.claim_step(running.steps.get().pk, worker_id="w-browser")
+    assert claim is not None
+    done_step, running_step = done.steps.get().pk, running.steps.get().pk
+
+    log_in(page, auditor)
+    apply_filter(page, Action="Claimed")
+    shown = rows(page)
+    assert [(row["Task"], row["Label"]) for row in shown] == [
+        (f"#{running.pk}", "Claimed"),
+        (f"#{done.pk}", "Claimed"),
+    ]
+    assert shown[0]["Actor"] == "worker:w-browser"
+
+    # The worker's name, started in another case, narrows the claims to its own.
+    apply_filter(page, Action="Claimed", Actor="WORKER:W-BROW")
+    assert [row["Task"] for row in rows(page)] == [f"#{running.pk}"]
+
+    apply_filter(page, Action="Succeeded")
+    assert [(row["Task"], row["Label"]) for row in rows(page)] == [(f"#{done.pk}", "Succeeded")]
+
+    # The claims' export names each by its step and attempt token, not an event id.
+    apply_filter(page, Action="Claimed")
+    with page.expect_download() as download_info:
+        page.get_by_role("link", name="Export CSV").click()
+    text = download_info.value.path().read_text(encoding="utf-8")
+    _, *exported, _ = csv.reader(io.StringIO(text, newline=""))
+    assert [(row[0], row[2], row[3], row[8]) for row in exported] == [
+        (f"claimed:{running_step}:1", "claimed", "worker:w-browser", "Claimed"),
+        (f"claimed:{done_step}:1", "claimed", exported[1][3], "Claimed"),
+    ]
+    assert exported[1][3].startswith("worker:")

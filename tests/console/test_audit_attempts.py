@@ -14,6 +14,7 @@ from django.contrib.auth.models import User
 from console import audit_csv
 from tasks_app import services
 from tasks_app.models import Event, Task
+from tasks_app.operations.audit_log import AuditFilter, live_claims
 from tests.console_support import body, export_rows, login
 from tests.factories import noop, succeeded
 
@@ -120,3 +121,15 @@ def test_an_export_of_claims_checks_out_and_a_changed_cell_is_named(auditor: Use
 
 def _actor(task: Task) -> str:
     return f"worker:{task.steps.get().leases.get().worker_id}"
+
+
+def test_the_running_claims_are_read_in_the_same_queries_however_many_run(
+    django_assert_max_num_queries: Any,
+) -> None:
+    _running()
+    with django_assert_max_num_queries(2) as one:
+        assert len(live_claims(AuditFilter(kind="claimed"))) == 1
+    for _ in range(4):
+        _running()
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        assert len(live_claims(AuditFilter(kind="claimed"))) == 5
