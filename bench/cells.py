@@ -151,6 +151,7 @@ class Bench:
             conn.execute("ANALYZE")
         stats.quiesce()
         stats.checkpoint()
+        tables_before = stats.table_writes(ctx.dsn)
         before = stats.counters()
 
         booting = time.monotonic()
@@ -186,6 +187,14 @@ class Bench:
                 observer.close()
         stats.quiesce()
         after = stats.counters()
+        # Its own backend, read after the window's last reading: outside what is counted.
+        tables_after = stats.table_writes(ctx.dsn)
+        by_table = {
+            name: writes - tables_before.get(name, 0)
+            for name, writes in sorted(tables_after.items())
+            if writes != tables_before.get(name, 0)
+        }
+        on_a_clock = sum(by_table.get(name, 0) for name in system.clock_tables)
         if not out.get("capped") and not progress.failed:
             # Outside the counted window: the check's reads add no commit to it.
             with ctx.connect() as conn:
@@ -224,6 +233,15 @@ class Bench:
                 "row_writes": after["row_writes"] - before["row_writes"],
                 "row_writes_per_step": (
                     (after["row_writes"] - before["row_writes"]) / done if done else None
+                ),
+                # What the executions wrote, without the rows written on a clock (a few
+                # a second per process: the counters' flush, the heartbeats), not per step.
+                "row_writes_by_table": by_table,
+                "clock_row_writes": on_a_clock,
+                "execution_row_writes_per_step": (
+                    (after["row_writes"] - before["row_writes"] - on_a_clock) / done
+                    if done
+                    else None
                 ),
                 "wal_bytes": wal,
                 "wal_bytes_per_step": wal / done if done else None,

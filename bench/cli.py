@@ -452,6 +452,9 @@ def _brief(cell: dict[str, Any]) -> str:
             text += f", {cell['commits_per_step']:.2f} commits/step"
         if cell.get("row_writes_per_step") is not None:
             text += f", {cell['row_writes_per_step']:.2f} rows/step"
+            if cell.get("clock_row_writes"):
+                executions = cell["execution_row_writes_per_step"]
+                text += f" ({executions:.2f} without those written on a clock)"
         if cell.get("wal_bytes_per_step") is not None:
             text += f", {cell['wal_bytes_per_step']:,.0f} WAL B/step"
         if cell.get("rss_mib") is not None:

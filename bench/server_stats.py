@@ -95,6 +95,17 @@ class ServerStats:
             "row_writes": int(row[3]),
         }
 
+    def table_writes(self, dsn: str) -> dict[str, int]:
+        """Row versions written so far to each table of the bench database (inserts,
+        updates, deletes). Read through a connection of its own to that database, so it is
+        called before the window's first reading and after its last: its transaction is
+        outside what is counted."""
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            rows = conn.execute(
+                "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables"
+            ).fetchall()
+        return {str(name): int(writes) for name, writes in rows}
+
     def wal_bytes(self, before: str, after: str) -> int:
         return int(
             scalar(self.conn, "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", after, before)

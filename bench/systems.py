@@ -97,6 +97,9 @@ class System:
     key: ClassVar[str]
     label: ClassVar[str]
     tables: ClassVar[tuple[str, ...]] = ()
+    # Tables written on a clock, not by each execution (counters kept in memory and
+    # written once a second, workers' heartbeats): their rows are counted apart.
+    clock_tables: ClassVar[tuple[str, ...]] = ()
     # Whether the pre-fill goes through the staged broker prefix (released by renaming
     # the queue lists) rather than a go file the worker processes wait for.
     staged: ClassVar[bool] = False
@@ -266,6 +269,7 @@ class Us(_CeleryBased):
 
     key = "us"
     label = "US"
+    clock_tables = ("tasks_app_counter", "tasks_app_heartbeat")
     tables = (
         "tasks_app_task",
         "tasks_app_step",

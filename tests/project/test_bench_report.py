@@ -120,6 +120,13 @@ def test_the_targets_of_this_round() -> None:
         False,
     )
     assert texts["commits per executed step: US ≤ 2"][1:] == (None, 2.0, False)
+    # Rule 11's four row versions: the executions' own, rows written on a clock apart.
+    assert texts["rows the executions write per step (rows written on a clock apart): US ≤ 4"] == (
+        "execution_row_writes_per_step",
+        None,
+        4.0,
+        False,
+    )
     # The older peer targets are gone: none against RAW, none for enqueue or WAL vs PROC.
     assert not [t for t in report.TARGETS if t.other == "raw"]
     assert not [
