@@ -4,15 +4,12 @@ prints one line per finding and exits 1 when there is any, 0 otherwise."""
 
 from __future__ import annotations
 
-import json
-import re
 from datetime import timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.db.models.functions import Now
 
 from approvals import deadlines
@@ -20,58 +17,14 @@ from approvals import services as approvals
 from approvals.models import ApprovalRequest
 from tasks_app import services
 from tasks_app.engine import fastpath, leases, runner, sweeper
-from tasks_app.engine.leases import Claim
 from tasks_app.history import timeline
-from tasks_app.models import Effect, Event, EventKind, Step, Task, TaskStatus
+from tasks_app.models import Effect, EventKind, Step, Task, TaskStatus
 from tasks_app.observability import invariants
 from tests.approval_support import advance, article, pending_request, press_release, ticket
 from tests.conftest import backdate, only_step
 from tests.factories import dead_task, noop, succeeded
+from tests.invariant_support import ago, assert_clean, check, findings, running, sql
 from tests.remotes import LoopbackRemote
-
-
-def sql(statement: str, *params: Any) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-
-
-def ago(table: str, column: str, age: str, pk: int) -> None:
-    """Set a row's timestamp ``age`` (an SQL interval) before the database's clock."""
-    sql(
-        f"UPDATE {table} SET {column} = statement_timestamp() - %s::interval WHERE id = %s", age, pk
-    )
-
-
-def check(*args: str) -> tuple[int, list[str]]:
-    """Run ``check_invariants``: its exit status and its lines on stdout."""
-    out = StringIO()
-    try:
-        call_command("check_invariants", *args, stdout=out, stderr=StringIO())
-    except CommandError as exc:
-        assert "\n" not in str(exc)
-        return exc.returncode, out.getvalue().splitlines()
-    return 0, out.getvalue().splitlines()
-
-
-def assert_clean(*args: str, tasks: int, scope: str = r"since \S+") -> None:
-    status, lines = check(*args)
-    assert status == 0, lines
-    [line] = lines
-    assert re.fullmatch(rf"ok: no findings; {tasks} task\(s\) folded \({scope}\)", line), line
-
-
-def findings(*args: str) -> list[str]:
-    status, lines = check(*args)
-    assert status == 1, lines
-    return lines
-
-
-def running(task: Task) -> Step:
-    step = only_step(task)
-    backdate(step)
-    assert services.claim_step(step.pk, worker_id="w1") is not None
-    step.refresh_from_db()
-    return step
 
 
 def reap(step: Step) -> None:
@@ -376,153 +329,6 @@ def test_it_finds_a_pending_approval_past_its_expiry(db: None, settings: Any) ->
         " is pending past its expiry at "
     )
     assert ApprovalRequest.objects.get(pk=overdue.pk).status == "pending"
-
-
-def event(
-    task: Task, kind: str, step: Step | None = None, pk: int | None = None, **data: Any
-) -> int:
-    """Append an event behind the services' back (the table refuses UPDATE and DELETE,
-    not INSERT); ``pk`` places it in the history's order. Returns its id."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO tasks_app_event (id, task_id, step_id, kind, actor, actor_user_id, "
-            "reason, data, created_at) VALUES (COALESCE(%s, nextval(pg_get_serial_sequence("
-            "'tasks_app_event', 'id'))), %s, %s, %s, 'test', NULL, '', %s::jsonb, "
-            "statement_timestamp()) RETURNING id",
-            [pk, task.pk, step.pk if step else None, kind, json.dumps(data)],
-        )
-        inserted: int = cursor.fetchone()[0]
-    return inserted
-
-
-def events_of(task: Task, kind: str) -> list[int]:
-    return list(Event.objects.filter(task_id=task.pk, kind=kind).values_list("pk", flat=True))
-
-
-def test_it_finds_a_task_without_its_enqueued_event(db: None) -> None:
-    sql(
-        "INSERT INTO tasks_app_task (workflow, workflow_version, payload, payload_hash, "
-        "idempotency_key, queue, priority, status, created_by, created_at, updated_at) "
-        "VALUES ('demo.noop', 1, '{}', '', NULL, 'default', 0, 'pending', 'test', "
-        "statement_timestamp(), statement_timestamp())"
-    )
-    task = Task.objects.get()
-
-    assert findings() == [f"enqueued: task {task.pk}: its history is empty: no enqueued event"]
-
-
-def test_it_finds_a_history_that_does_not_start_with_enqueued(db: None) -> None:
-    task = succeeded()
-    [enqueued] = events_of(task, EventKind.ENQUEUED)
-    first = event(task, EventKind.STALE_WRITE_REJECTED, only_step(task), pk=enqueued - 1)
-
-    assert findings() == [
-        f"enqueued: task {task.pk}: its history starts with event {first} "
-        "(stale_write_rejected), not enqueued"
-    ]
-
-
-def test_it_finds_a_claim_that_does_not_raise_the_token(db: None) -> None:
-    task = succeeded()
-    step = only_step(task)
-    again = event(task, EventKind.CLAIMED, step, token=1, attempt=2)
-    event(task, EventKind.LEASE_EXPIRED, step, token=1, step_status="pending")
-
-    assert findings() == [
-        f"fencing: task {task.pk}: claim of token 1 on step {step.pk} (event {again} "
-        "(claimed)) does not raise the token of its previous claim (1)"
-    ]
-
-
-@pytest.mark.no_fold_check
-def test_it_finds_a_stored_token_below_the_claims(db: None) -> None:
-    task = succeeded()
-    step = only_step(task)
-    sql("UPDATE tasks_app_step SET fencing_token = 0 WHERE id = %s", step.pk)
-
-    assert findings() == [
-        f"fencing: task {task.pk}: step {step.pk} stores fencing token 0, below token 1 "
-        "named by the claimed of token 1 (its Lease row)",
-        f"history: task {task.pk}: stored state differs from its events: "
-        f"step {step.pk} succeeded/1/0 (events say succeeded/1/1)",
-    ]
-
-
-def test_a_refused_stale_write_names_no_token_the_step_must_have(db: None) -> None:
-    # A worker may present any token; refusing it is what fencing is for.
-    task = succeeded()
-    event(task, EventKind.STALE_WRITE_REJECTED, only_step(task), token=9, operation="complete")
-
-    assert_clean(tasks=1)
-
-
-def test_it_finds_a_claim_with_no_outcome(db: None) -> None:
-    task = noop()
-    step = running(task)
-    # The step went back to pending by an event that does not name the claim it ended.
-    state = {str(step.pk): ["pending", 1, 1]}
-    event(task, EventKind.RETRY_SCHEDULED, step, steps=state, task_status="pending")
-    sql(
-        "UPDATE tasks_app_step SET status = 'pending', lease_expires_at = NULL WHERE id = %s",
-        step.pk,
-    )
-    sql("UPDATE tasks_app_task SET status = 'pending' WHERE id = %s", task.pk)
-
-    assert findings() == [
-        f"claim: task {task.pk}: step {step.pk} reached token 1 but its history has no "
-        "claim of token 1"
-    ]
-
-
-def test_a_released_claim_is_answered_by_its_release(db: None) -> None:
-    task = noop()
-    step = running(task)
-    held = Claim.of(step, worker_id="w-died", lease_seconds=30)
-    assert leases.release_claim(held, actor="worker:host:1", reason="worker_lost")
-
-    assert_clean(tasks=1)
-
-
-def test_a_claim_still_running_on_its_lease_needs_no_outcome_yet(db: None) -> None:
-    running(noop())
-
-    assert_clean(tasks=1)
-
-
-def test_it_finds_a_run_ended_twice(db: None) -> None:
-    task = succeeded()
-    step = only_step(task)
-    state = {str(step.pk): ["succeeded", 1, 1]}
-    first = event(task, EventKind.SUCCEEDED, step, steps=state, token=1, task_status="succeeded")
-    again = event(task, EventKind.SUCCEEDED, step, steps=state, token=1, task_status="succeeded")
-
-    assert findings() == [
-        f"terminal: task {task.pk}: event {again} (succeeded) ends as succeeded a run that "
-        f"event {first} (succeeded) already ended as succeeded"
-    ]
-
-
-def test_it_finds_a_cancelled_task_cancelled_again(db: None) -> None:
-    task = noop()
-    services.cancel(task, actor="cli:ann", reason="not needed")
-    [first] = events_of(task, EventKind.CANCELLED)
-    again = event(task, EventKind.CANCELLED, task_status="cancelled")
-
-    assert findings() == [
-        f"terminal: task {task.pk}: event {again} (cancelled) ends as cancelled a run that "
-        f"event {first} (cancelled) already ended as cancelled"
-    ]
-
-
-def test_a_run_may_end_again_after_a_redrive(db: None) -> None:
-    task = dead_task({"error": "permanent", "fail_first": 2})
-    services.redrive(task, actor="cli:ann", reason="again")
-    advance(task)
-    task.refresh_from_db()
-    assert task.status == TaskStatus.DEAD
-    services.cancel(task, actor="cli:ann", reason="give up")
-
-    assert_clean(tasks=1)
 
 
 # --- scope ----------------------------------------------------------------------------------------
