@@ -457,6 +457,8 @@ def _brief(cell: dict[str, Any]) -> str:
                 text += f" ({executions:.2f} without those written on a clock)"
         if cell.get("wal_bytes_per_step") is not None:
             text += f", {cell['wal_bytes_per_step']:,.0f} WAL B/step"
+        if cell.get("enqueue_row_writes_per_task") is not None:
+            text += f", pre-fill {cell['enqueue_row_writes_per_task']:.2f} rows/task"
         if cell.get("rss_mib") is not None:
             text += f", RSS {cell['rss_mib']:.1f} MiB"
         if str(cell.get("exactly_once", "")).startswith("not"):

@@ -165,6 +165,14 @@ def metrics(mode: dict[str, Any]) -> list[Metric]:
             frozenset({"celery"}),
         ),
         Metric(
+            "enqueue_rows",
+            "rows written per task enqueued (the drain's pre-fill, in batches)",
+            "",
+            False,
+            _two,
+            frozenset({"celery"}),
+        ),
+        Metric(
             "wal_per_step",
             "WAL bytes per executed step (2 workers)",
             "B",
@@ -222,6 +230,7 @@ def collect(cells: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[float]]
             if n == 2:
                 add("commits_per_step", system, cell.get("commits_per_step"))
                 add("row_writes_per_step", system, cell.get("row_writes_per_step"))
+                add("enqueue_rows", system, cell.get("enqueue_row_writes_per_task"))
                 add(
                     "execution_row_writes_per_step",
                     system,
@@ -324,6 +333,7 @@ TARGETS = [
         for rate in (200, 500)
     ],
     Target("commits per executed step: US ≤ 2", "commits_per_step", None, 2.0, False),
+    Target("rows written per task enqueued: US ≤ 3", "enqueue_rows", None, 3.0, False),
     Target(
         "rows the executions write per step (rows written on a clock apart): US ≤ 4",
         "execution_row_writes_per_step",

@@ -72,8 +72,8 @@ def plan_of(event: HistoryEntry) -> str:
 
 def event_row(event: HistoryEntry, workflow: str) -> list[Any]:
     """One event as its row: what producers and people wrote redacted, as everywhere. A
-    transition an attempt's record holds has no event id: its row names it by kind, step
-    and token (``audit_log.export_id``)."""
+    transition a task's or an attempt's row records has no event id: its row names it by
+    kind and task, or kind, step and token (``audit_log.export_id``)."""
     return [
         event.pk if isinstance(event, Event) else audit_log.export_id(event),
         event.created_at.isoformat(),
@@ -148,7 +148,7 @@ def check_export(lines: Iterable[str]) -> ExportCheck:
     for number, row in enumerate(body, start=2):
         if len(row) == len(COLUMNS) and row[0].isdigit():
             rows[int(row[0])] = row
-        elif len(row) == len(COLUMNS) and audit_log.parse_export_id(row[0]):
+        elif len(row) == len(COLUMNS) and audit_log.is_export_id(row[0]):
             attempts.append(row)
         else:
             check.problems.append(f"line {number}: not an event row of the export")
@@ -182,10 +182,9 @@ def _compare(check: ExportCheck, row: list[str], event: Event | None, sealed: in
 
 
 def _compare_attempt(check: ExportCheck, row: list[str]) -> None:
-    """A row of a claim or success, against the attempt's record that holds it (retention
+    """A row of an enqueue, claim or success, against the row that records it (retention
     deletes it with its task)."""
-    key = audit_log.parse_export_id(row[0])
-    entry = audit_log.attempt_record(*key) if key else None
+    entry = audit_log.derived_record(row[0])
     if entry is None:
         check.pruned += 1
         return

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from tasks_app.models import Event, Task
+from tasks_app.history import timeline
+from tasks_app.history.timeline import HistoryEntry
+from tasks_app.models import Task
 from tests.rows import action_rows
 
 OS_USER = f"cli:{getpass.getuser()}"
@@ -39,10 +41,11 @@ def status_of(task: Task) -> str:
     return task.status
 
 
-def last_event(task: Task) -> Event:
-    event = Event.objects.for_task(task.pk).last()
-    assert event is not None
-    return event
+def last_event(task: Task) -> HistoryEntry:
+    """The newest entry of ``task``'s history (its enqueue is its row's, not an Event's)."""
+    history = timeline.history(task.pk)
+    assert history, task
+    return history[-1]
 
 
 def lines(text: str) -> list[str]:

@@ -1,11 +1,12 @@
 """Helpers for the tests of enqueue (test_enqueue_*): the canonical JSON of a payload, the
-counters, and how many rows of each kind are stored."""
+counters, how many rows of each kind are stored, and what records an enqueue."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from tasks_app.history import timeline
 from tasks_app.models import Counter, Event, Lease, Step, Task
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -33,3 +34,11 @@ def stored() -> dict[str, int]:
 
 
 NOTHING = {"tasks": 0, "steps": 0, "events": 0, "leases": 0, "counters": 0}
+
+
+def assert_only_enqueued(*tasks: Task) -> None:
+    """Each of ``tasks`` has one enqueue in its history and nothing else, recorded by its
+    row and first steps: an enqueue writes no Event row (tasks_app.history.timeline)."""
+    for task in tasks:
+        assert [entry.kind for entry in timeline.history(task.pk)] == ["enqueued"], task
+    assert not Event.objects.filter(task_id__in=[task.pk for task in tasks]).exists()

@@ -21,8 +21,7 @@ from tasks_app.engine.transitions import bump_counter, fast_path_enabled
 from tasks_app.engine.workflows import Workflow, registry
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, all_of
 from tasks_app.history import counting
-from tasks_app.history.events import step_state
-from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus, step_key
+from tasks_app.models import Step, StepStatus, Task, TaskStatus, step_key
 
 T = TypeVar("T")
 
@@ -308,27 +307,8 @@ def _insert_with_orm(
             steps.append(step)
     Step.objects.bulk_create(steps)
 
-    by_task: dict[int, list[Step]] = {}
-    for step in steps:
-        by_task.setdefault(step.task_id, []).append(step)
-    Event.objects.bulk_create(
-        [
-            Event(
-                task_id=task.pk,
-                kind=EventKind.ENQUEUED,
-                actor=author,
-                actor_user_id=user_id,
-                data={
-                    "workflow": task.workflow,
-                    "version": task.workflow_version,
-                    "queue": task.queue,
-                    "payload_hash": task.payload_hash,
-                    "steps": {str(s.pk): step_state(s) for s in by_task[task.pk]},
-                },
-            )
-            for task in created.values()
-        ]
-    )
+    # No `enqueued` event: the task row and its first steps record the enqueue
+    # (tasks_app.history.timeline).
     ring_on_commit(
         [
             Doorbell(s.pk, s.queue, max((s.available_at - now).total_seconds(), 0.0))

@@ -212,7 +212,8 @@ _TASK_INSERT_VALUES = """id, workflow, version, payload, hash, key, queue, prior
 # states.make_due). Each step's key is models.step_key's (revision 0),
 # restated in SQL.
 # One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
-# enqueue makes this wait for it, then skip), all their steps, and one `enqueued` event each.
+# enqueue makes this wait for it, then skip) and all their steps. No `enqueued` event: the
+# task row and its first steps record the enqueue (tasks_app.history.timeline).
 # Ids are drawn first so every row maps back to its item, and rows go in key order so two
 # batches sharing keys queue on them in one order instead of deadlocking.
 INSERT_SQL = f"""
@@ -255,18 +256,9 @@ WITH input AS (
     ORDER BY t.id, s.position
     RETURNING id, task_id, position, status, available_at
 ), states AS (
-    SELECT task_id, jsonb_object_agg(id::text, jsonb_build_array(status, 0, 0)) AS steps,
-           min(id) FILTER (WHERE position = 0) AS first_step,
+    SELECT task_id, min(id) FILTER (WHERE position = 0) AS first_step,
            min(available_at) FILTER (WHERE position = 0) AS available_at
     FROM steps GROUP BY task_id
-), events AS (
-    INSERT INTO tasks_app_event (task_id, step_id, kind, actor, actor_user_id, reason, data, created_at)
-    SELECT t.id, NULL, 'enqueued', %(author)s, %(user)s, '',
-           jsonb_build_object('workflow', i.workflow, 'version', i.version, 'queue', i.queue,
-                              'payload_hash', i.hash, 'steps', st.steps),
-           t.created_at
-    FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
-    ORDER BY t.id
 )
 SELECT i.ord, t.id, t.created_at, st.first_step, st.available_at
 FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id

@@ -1,6 +1,11 @@
 """A task's history as everything reads it: its Event rows, and the transitions recorded by the
 rows that already hold them (DESIGN rules 8 and 11).
 
+The task row and its first steps (revision 0) record its enqueue (``enqueued``, at the
+task's ``created_at``, by its ``created_by``): the workflow, version, queue and payload hash
+are the task's, and its steps start as the enqueue made them (the first ``pending``, the
+rest ``blocked``, no attempt, token 0). It goes first.
+
 An attempt's Lease row records its claim (``claimed``, at ``acquired_at``) and, when the
 attempt succeeded, its success (``succeeded``, at ``released_at``); the live lease of a
 step still running, which sits on the step row, records its claim. Those transitions write
@@ -28,27 +33,31 @@ from tasks_app.models import (
     Lease,
     Step,
     StepStatus,
+    Task,
     derive_task_status,
     leases_of,
 )
 
 # Transitions an attempt's Lease row records, in the order they happen within an attempt.
 RECORDED_BY_ATTEMPTS = (EventKind.CLAIMED, EventKind.SUCCEEDED)
+# Every transition read from the rows that record it, in the order they happen.
+DERIVED_KINDS = (EventKind.ENQUEUED, *RECORDED_BY_ATTEMPTS)
 
 
 @dataclass(frozen=True)
-class AttemptEvent:
-    """A transition read from an attempt's record, shaped as the Event it stands for (no
-    ``id``: it is not an Event row, and is not in the audit chain)."""
+class DerivedEvent:
+    """A transition read from the row that records it (the task's, an attempt's), shaped as
+    the Event it stands for (no ``id``: it is not an Event row, and is not in the audit
+    chain)."""
 
     task_id: int
-    step_id: int
+    step_id: int | None
     kind: str
     actor: str
     created_at: datetime
     data: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
-    actor_user_id: None = None
+    actor_user_id: int | None = None
     chain_hash: None = None
     chain_previous: None = None
     id: None = None
@@ -61,22 +70,48 @@ class AttemptEvent:
         return str(EventKind(self.kind).label)
 
 
-HistoryEntry = Event | AttemptEvent
+HistoryEntry = Event | DerivedEvent
 
 
-def attempt_events(task_id: int, lease: Lease) -> list[AttemptEvent]:
+def enqueued(task: Task, first_steps: Iterable[Step]) -> DerivedEvent:
+    """The enqueue ``task``'s row records, with its steps of revision 0 as it made them."""
+    return DerivedEvent(
+        task_id=task.pk,
+        step_id=None,
+        kind=EventKind.ENQUEUED,
+        actor=task.created_by,
+        actor_user_id=task.created_by_user_id,
+        created_at=task.created_at,
+        data={
+            "workflow": task.workflow,
+            "version": task.workflow_version,
+            "queue": task.queue,
+            "payload_hash": task.payload_hash,
+            "steps": {
+                str(step.pk): [
+                    StepStatus.PENDING if step.position == 0 else StepStatus.BLOCKED,
+                    0,
+                    0,
+                ]
+                for step in sorted(first_steps, key=lambda step: step.position)
+            },
+        },
+    )
+
+
+def attempt_events(task_id: int, lease: Lease) -> list[DerivedEvent]:
     """What ``lease`` records of its step's history that no event does: its claim, and its
     success if it ended so. Nothing for a row written before it kept its attempt
     (``attempt`` 0): events record those."""
     return lease_transitions(task_id, lease) if lease.attempt >= 1 else []
 
 
-def lease_transitions(task_id: int, lease: Lease) -> list[AttemptEvent]:
+def lease_transitions(task_id: int, lease: Lease) -> list[DerivedEvent]:
     """The claim ``lease`` holds, and its success if it ended so, whenever it was written
     (the attempt is left out where the row did not keep it)."""
 
-    def transition(kind: str, status: str, at: datetime, **data: Any) -> AttemptEvent:
-        return AttemptEvent(
+    def transition(kind: str, status: str, at: datetime, **data: Any) -> DerivedEvent:
+        return DerivedEvent(
             task_id=task_id,
             step_id=lease.step_id,
             kind=kind,
@@ -97,8 +132,8 @@ def lease_transitions(task_id: int, lease: Lease) -> list[AttemptEvent]:
 
 
 def _key(entry: HistoryEntry) -> tuple[str, int | None, Any, Any]:
-    """What makes an attempt's transition the same one: kind, step, token, and for a claim
-    the attempt it began."""
+    """What makes a derived transition the same one: kind, step, token, and for a claim the
+    attempt it began (an enqueue: its kind alone)."""
     data = entry.data or {}
     attempt = data.get("attempt") if entry.kind == EventKind.CLAIMED else None
     return (entry.kind, entry.step_id, data.get("token"), attempt)
@@ -118,12 +153,15 @@ def step_token(event: Event, step_id: int) -> int | None:
     return None
 
 
-def _place(events: Sequence[Event], entry: AttemptEvent) -> int:
+def _place(events: Sequence[Event], entry: DerivedEvent) -> int:
     """Where ``entry`` (of attempt ``n`` of its step) goes among ``events``: after every event
     of its step from before attempt ``n`` (a token below ``n``), before every event of that
     attempt or a later one (``n`` or above), which the fold's order needs whatever the
     clocks say (rows back-dated, a process's clock off); within those bounds, by time, before
-    an event of the same instant (the task's ``cancelled`` written as the attempt ended)."""
+    an event of the same instant (the task's ``cancelled`` written as the attempt ended).
+    An enqueue goes first."""
+    if entry.step_id is None:  # the enqueue
+        return 0
     token = entry.data["token"]
     low, high = 0, len(events)
     for index, event in enumerate(events):
@@ -141,21 +179,25 @@ def _place(events: Sequence[Event], entry: AttemptEvent) -> int:
     return min(max(by_time, low), max(high, low))
 
 
-def interleave(events: Sequence[Event], derived: Iterable[AttemptEvent]) -> list[HistoryEntry]:
-    """``events`` (in id order) with the transitions ``derived`` from attempt records that no
-    event repeats, each where :func:`_place` puts it."""
-    repeated = {_key(event) for event in events if event.kind in RECORDED_BY_ATTEMPTS}
+def interleave(events: Sequence[Event], derived: Iterable[DerivedEvent]) -> list[HistoryEntry]:
+    """``events`` (in id order) with the transitions ``derived`` from the rows that record
+    them that no event repeats, each where :func:`_place` puts it."""
+    repeated = {_key(event) for event in events if event.kind in DERIVED_KINDS}
     extra = [entry for entry in derived if _key(entry) not in repeated]
     if not extra:
         return list(events)
-    slots: dict[int, list[AttemptEvent]] = {}
+    slots: dict[int, list[DerivedEvent]] = {}
     for entry in extra:
         slots.setdefault(_place(events, entry), []).append(entry)
     merged: list[HistoryEntry] = []
     for index in range(len(events) + 1):
         merged += sorted(
             slots.get(index, []),
-            key=lambda entry: (entry.created_at, RECORDED_BY_ATTEMPTS.index(entry.kind)),
+            key=lambda entry: (
+                entry.kind != EventKind.ENQUEUED,
+                entry.created_at,
+                DERIVED_KINDS.index(entry.kind),
+            ),
         )
         if index < len(events):
             merged.append(events[index])
@@ -175,7 +217,7 @@ def _with_task_status(history: list[HistoryEntry]) -> list[HistoryEntry]:
         cancel_requested = cancel_requested or entry.kind == EventKind.CANCEL_REQUESTED
         for step_id, state in (data.get("steps") or {}).items():
             steps[step_id] = state[0]
-        if isinstance(entry, AttemptEvent) and entry.kind == EventKind.SUCCEEDED:
+        if isinstance(entry, DerivedEvent) and entry.kind == EventKind.SUCCEEDED:
             status = derive_task_status(steps.values(), cancel_requested=cancel_requested)
             entry = replace(entry, data={**entry.data, "task_status": str(status)})
         shown.append(entry)
@@ -191,12 +233,22 @@ def histories(task_ids: Iterable[int]) -> dict[int, list[HistoryEntry]]:
         events[event.task_id or 0].append(event)
     steps = list(
         Step.objects.filter(task_id__in=ids).only(
-            "id", "task_id", "status", "attempts", "fencing_token", "started_at",
-            "lease_worker", "lease_expires_at",
+            "id", "task_id", "position", "revision", "status", "attempts", "fencing_token",
+            "started_at", "lease_worker", "lease_expires_at",
         )
     )  # fmt: skip
     owner = {step.pk: step.task_id for step in steps}
-    derived: dict[int, list[AttemptEvent]] = {pk: [] for pk in ids}
+    derived: dict[int, list[DerivedEvent]] = {pk: [] for pk in ids}
+    tasks = Task.objects.filter(pk__in=ids).only(
+        "id", "workflow", "workflow_version", "queue", "payload_hash", "created_by",
+        "created_by_user_id", "created_at",
+    )  # fmt: skip
+    first: dict[int, list[Step]] = {}
+    for step in steps:
+        if step.revision == 0:
+            first.setdefault(step.task_id, []).append(step)
+    for task in tasks:
+        derived[task.pk].append(enqueued(task, first.get(task.pk, [])))
     for step_id, leases in leases_of(steps).items():
         for lease in leases:
             derived[owner[step_id]] += attempt_events(owner[step_id], lease)

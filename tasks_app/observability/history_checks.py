@@ -5,7 +5,9 @@ records hold) and its stored steps, already loaded for a batch by
 :func:`tasks_app.observability.invariants.check_tasks`, so none of them queries the database:
 
 - ``enqueued``: the history starts with ``enqueued`` (a task without one, or whose first
-  event is another, was written behind the services' back);
+  event is another, was written behind the services' back); and the task's first steps
+  (revision 0), which record the enqueue with its row (``tasks_app.history.timeline``), are
+  one per position from 0 (:func:`first_steps_findings`);
 - ``fencing``: a step's ``claimed`` events name strictly increasing tokens, and no event
   of a step names a token above the step's stored ``fencing_token`` (DESIGN rule 2;
   ``stale_write_rejected`` names the token a worker presented, and is not counted);
@@ -96,6 +98,22 @@ def _enqueued_first(task_id: int, events: Sequence[EventRow]) -> list[Finding]:
     else:
         detail = f"its history starts with {_name(events[0])}, not enqueued"
     return [Finding("enqueued", task_id, detail)]
+
+
+def first_steps_findings(task_id: int, positions: Sequence[int]) -> list[Finding]:
+    """The ``enqueued`` check of the steps an enqueue made (revision 0, by their
+    positions): at least one, each position from 0 once, none missing."""
+    ordered = sorted(positions)
+    if ordered == list(range(len(ordered))) and ordered:
+        return []
+    shown = ", ".join(map(str, ordered)) or "none"
+    return [
+        Finding(
+            "enqueued",
+            task_id,
+            f"its first steps (revision 0) are at positions {shown}, not one each from 0",
+        )
+    ]
 
 
 def _fencing(

@@ -15,7 +15,8 @@ Each check names something that never holds in a healthy system, however busy:
 - ``undecodable``: a task's payload, or a step's result or change request, that Python
   cannot decode (``tasks_app.models.json_columns``; stored by SQL, nested past the decoder's
   recursion limit): its task, step and column are named;
-- ``enqueued``: a task whose history does not start with ``enqueued``;
+- ``enqueued``: a task whose history does not start with ``enqueued``, or whose first steps
+  (revision 0, which record the enqueue with the task row) are not one per position from 0;
 - ``fencing``: a step's ``claimed`` events whose tokens do not strictly increase, or a
   step whose stored ``fencing_token`` is below a token one of its events names;
 - ``claim``: a claim (token t) with no later event of its step carrying token t that
@@ -57,7 +58,11 @@ from tasks_app.models import (
     Task,
 )
 from tasks_app.models.json_columns import is_undecodable
-from tasks_app.observability.history_checks import EventRow, history_findings
+from tasks_app.observability.history_checks import (
+    EventRow,
+    first_steps_findings,
+    history_findings,
+)
 from tasks_app.observability.history_checks import Finding as Finding
 
 DEFAULT_WINDOW = timedelta(hours=24)
@@ -157,13 +162,17 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         statuses[pk] = status
         findings += _undecodable(pk, None, {"payload": payload})
     steps: dict[int, dict[int, StepState]] = {pk: {} for pk in statuses}
-    for pk, task_id, status, attempts, token, result, change in Step.objects.filter(
-        task_id__in=ids
-    ).values_list(
-        "pk", "task_id", "status", "attempts", "fencing_token", "result", "change_request"
-    ):
+    first_positions: dict[int, list[int]] = {pk: [] for pk in statuses}
+    for pk, task_id, position, revision, status, attempts, token, result, change in (
+        Step.objects.filter(task_id__in=ids).values_list(
+            "pk", "task_id", "position", "revision", "status", "attempts", "fencing_token",
+            "result", "change_request",
+        )
+    ):  # fmt: skip
         if task_id in steps:
             steps[task_id][pk] = StepState(status, attempts, token)
+            if revision == 0:
+                first_positions[task_id].append(position)
             findings += _undecodable(task_id, pk, {"result": result, "change_request": change})
     # Tasks pruned since the ids were read are left out.
     events: dict[int, list[EventRow]] = {
@@ -180,6 +189,7 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
             findings.append(Finding("history", task_id, _difference(stored, folded)))
         findings += _unlettered(task_id, steps[task_id], events[task_id])
         findings += history_findings(task_id, steps[task_id], events[task_id])
+        findings += first_steps_findings(task_id, first_positions[task_id])
     decided_by_nobody = [
         pk
         for task_steps in steps.values()

@@ -2,13 +2,14 @@
 
 It lists events (keyset on their id). One task's whole history (a task chosen and no action,
 actor or bulk action) is its timeline (``tasks_app.history.timeline``), paged by position.
-Claims and successes are read from the attempts' records, which hold them, not from Event
-rows: chosen as the action (``claimed``, ``succeeded``), the audit log lists the attempts'
-Lease rows (keyset on the row's id) and, on its first page, the claims of the steps running
-now, whose lease is still on the step. Each reads as the event it stands for, and the other
-filters apply as to events: the actor is ``worker:<worker id>``, the time is the claim's or
-the success's, a bulk action's plan holds none. Otherwise those Event rows that repeat an
-attempt's record are left out.
+Enqueues, claims and successes are read from the rows that record them, not from Event rows:
+chosen as the action, ``enqueued`` lists the task rows (keyset on the task's id; the actor is
+the producer, the time the task's creation), ``claimed`` and ``succeeded`` the attempts'
+Lease rows (keyset on the row's id) and, on the first page of claims, the claims of the
+steps running now, whose lease is still on the step (the actor is ``worker:<worker id>``,
+the time the claim's or the success's). Each reads as the event it stands for, and the other
+filters apply as to events; a bulk action's plan holds none. Otherwise the Event rows that
+repeat such a record (history written before) are left out.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
 from django.conf import settings
@@ -24,9 +26,10 @@ from django.db.models import QuerySet
 
 from tasks_app.history import timeline
 from tasks_app.history.timeline import (
-    RECORDED_BY_ATTEMPTS,
-    AttemptEvent,
+    DERIVED_KINDS,
+    DerivedEvent,
     HistoryEntry,
+    enqueued,
     lease_transitions,
 )
 from tasks_app.models import (
@@ -63,11 +66,11 @@ def audit_events(filters: AuditFilter) -> QuerySet[Event]:
     action is chosen, the actor filter lists operator actions, the ones people (and the
     system on their behalf) take; the workers' own events are found by their action.
 
-    Not the claims and successes: their Event rows repeat attempts' records, which are
-    read for them (:func:`attempt_page`)."""
+    Not the enqueues, claims and successes: their Event rows repeat the rows that record
+    them, which are read for them (:func:`derived_page`)."""
     queryset = matching(Event.objects.all(), kind=filters.kind)
     if not filters.kind:
-        queryset = queryset.exclude(kind__in=RECORDED_BY_ATTEMPTS)
+        queryset = queryset.exclude(kind__in=DERIVED_KINDS)
     if filters.task is not None:
         queryset = queryset.filter(task_id=filters.task)
     if filters.actor:
@@ -115,8 +118,8 @@ def audit_page(filters: AuditFilter, *, after: int | None) -> Page[HistoryEntry]
         entries = task_history(filters)
         more = len(entries) > start + size
         return Page(entries[start : start + size], start + size if more else None)
-    if read_from_attempts(filters):
-        return attempt_page(filters, after=after)
+    if read_from_rows(filters):
+        return derived_page(filters, after=after)
     events = keyset_page(audit_events(filters), after=after)
     return Page(list[HistoryEntry](events.rows), events.next_after)
 
@@ -125,8 +128,8 @@ def audit_entries(filters: AuditFilter) -> Iterator[HistoryEntry]:
     """The whole audit log ``filters`` choose, newest first, read a chunk at a time."""
     if _whole_history(filters):
         yield from task_history(filters)
-    elif read_from_attempts(filters):
-        yield from all_attempt_events(filters)
+    elif read_from_rows(filters):
+        yield from all_derived_events(filters)
     else:
         yield from audit_events(filters).order_by("-id").iterator(chunk_size=2000)
 
@@ -136,16 +139,57 @@ def task_workflows(task_ids: Mapping[int, Any] | list[int]) -> dict[int, str]:
     return dict(Task.objects.filter(pk__in=list(task_ids)).values_list("pk", "workflow"))
 
 
-# --- claims and successes, from the attempts' records ------------------------------------------
+# --- enqueues, claims and successes, from the rows that record them ------------------------
 
 
 WORKER = "worker:"
 CHUNK = 2000
 
 
-def read_from_attempts(filters: AuditFilter) -> bool:
-    """Whether the action chosen is one the attempts' records hold."""
-    return filters.kind in RECORDED_BY_ATTEMPTS
+def read_from_rows(filters: AuditFilter) -> bool:
+    """Whether the action chosen is one the task and attempt rows record."""
+    return filters.kind in DERIVED_KINDS
+
+
+def enqueued_tasks(filters: AuditFilter) -> QuerySet[Task]:
+    """The tasks whose enqueue matches ``filters``: its producer's name (a prefix in any
+    case), the task, its workflow, its time."""
+    if filters.plan:
+        return Task.objects.none()
+    tasks = Task.objects.filter(**_window("created_at", filters.since, filters.until))
+    if filters.actor:
+        tasks = tasks.filter(created_by__istartswith=filters.actor)
+    if filters.task is not None:
+        tasks = tasks.filter(pk=filters.task)
+    if filters.workflow:
+        tasks = tasks.filter(workflow=filters.workflow)
+    return tasks
+
+
+def _enqueues(tasks: list[Task]) -> list[DerivedEvent]:
+    first: dict[int, list[Step]] = {task.pk: [] for task in tasks}
+    for step in Step.objects.filter(task__in=tasks, revision=0).only("id", "task_id", "position"):
+        first[step.task_id].append(step)
+    return [enqueued(task, first[task.pk]) for task in tasks]
+
+
+def derived_page(filters: AuditFilter, *, after: int | None) -> Page[HistoryEntry]:
+    """One page of the enqueues, claims or successes matching ``filters``, newest first."""
+    if filters.kind != EventKind.ENQUEUED:
+        return attempt_page(filters, after=after)
+    tasks = enqueued_tasks(filters)
+    page = keyset_page(tasks, after=after)
+    return Page(list[HistoryEntry](_enqueues(page.rows)), page.next_after)
+
+
+def all_derived_events(filters: AuditFilter) -> Iterator[DerivedEvent]:
+    """Every enqueue, claim or success matching ``filters``, newest first."""
+    if filters.kind != EventKind.ENQUEUED:
+        yield from all_attempt_events(filters)
+        return
+    tasks = enqueued_tasks(filters).order_by("-pk").iterator(chunk_size=CHUNK)
+    while chunk := list(islice(tasks, CHUNK)):
+        yield from _enqueues(chunk)
 
 
 def _worker_prefix(actor: str) -> str | None:
@@ -200,7 +244,7 @@ def attempt_leases(filters: AuditFilter) -> QuerySet[Lease]:
     return _narrowed(leases, filters, worker="worker_id", task="step__task", at=at)
 
 
-def live_claims(filters: AuditFilter) -> list[AttemptEvent]:
+def live_claims(filters: AuditFilter) -> list[DerivedEvent]:
     """The claims of the steps running now that match ``filters`` (none for successes),
     newest first."""
     if filters.kind != EventKind.CLAIMED or _none_match(filters):
@@ -217,7 +261,7 @@ def live_claims(filters: AuditFilter) -> list[AttemptEvent]:
     ]
 
 
-def _as_event(task_id: int, lease: Lease, kind: str) -> AttemptEvent:
+def _as_event(task_id: int, lease: Lease, kind: str) -> DerivedEvent:
     return next(entry for entry in lease_transitions(task_id, lease) if entry.kind == kind)
 
 
@@ -236,25 +280,31 @@ def attempt_page(filters: AuditFilter, *, after: int | None) -> Page[HistoryEntr
     return Page(entries, rows[-1].pk if more and rows else None)
 
 
-def all_attempt_events(filters: AuditFilter) -> Iterator[AttemptEvent]:
+def all_attempt_events(filters: AuditFilter) -> Iterator[DerivedEvent]:
     """Every claim or success matching ``filters``, newest first."""
     yield from live_claims(filters)
     for lease in attempt_leases(filters).order_by("-pk").iterator(chunk_size=CHUNK):
         yield _as_event(lease.step.task_id, lease, filters.kind)
 
 
-EXPORT_ID = re.compile(r"^(claimed|succeeded):(\d+):(\d+)$")
+EXPORT_ID = re.compile(r"^(?:(enqueued):(\d+)|(claimed|succeeded):(\d+):(\d+))$")
 
 
-def parse_export_id(text: str) -> tuple[str, int, int] | None:
-    """The kind, step and token an export row's id names (:func:`export_id`), or None."""
+def is_export_id(text: str) -> bool:
+    """Whether ``text`` names a derived transition as an export does (:func:`export_id`)."""
+    return EXPORT_ID.match(text) is not None
+
+
+def derived_record(text: str) -> DerivedEvent | None:
+    """The transition an export row's id names (:func:`export_id`) as its row records it
+    now, or None when there is none (retention deleted it with its task)."""
     match = EXPORT_ID.match(text)
-    return (match[1], int(match[2]), int(match[3])) if match else None
-
-
-def attempt_record(kind: str, step_id: int, token: int) -> AttemptEvent | None:
-    """The transition ``kind`` of attempt ``token`` of step ``step_id`` as its record holds
-    it now, or None when there is none (retention deleted it with its task)."""
+    if match is None:
+        return None
+    if match[1]:
+        task = Task.objects.filter(pk=int(match[2])).first()
+        return _enqueues([task])[0] if task else None
+    kind, step_id, token = match[3], int(match[4]), int(match[5])
     step = Step.objects.filter(pk=step_id).first()
     if step is None:
         return None
@@ -265,7 +315,10 @@ def attempt_record(kind: str, step_id: int, token: int) -> AttemptEvent | None:
     return None
 
 
-def export_id(entry: AttemptEvent) -> str:
-    """How an export names a transition an attempt's record holds: its kind, step and token
-    (an attempt is its step's token), as ``claimed:<step>:<token>``."""
+def export_id(entry: DerivedEvent) -> str:
+    """How an export names a transition a row records: an enqueue by its task
+    (``enqueued:<task>``), a claim or success by its step and token (an attempt is its
+    step's token: ``claimed:<step>:<token>``)."""
+    if entry.step_id is None:
+        return f"{entry.kind}:{entry.task_id}"
     return f"{entry.kind}:{entry.step_id}:{entry.data['token']}"

@@ -1,6 +1,7 @@
-"""The audit log's claims and successes, read from the attempts' records: listed and paged
-under their action, filtered as events are, exported with an id naming the attempt, and
-checked against the database by ``verify_audit --export``; one task's whole history."""
+"""The audit log's enqueues, claims and successes, read from the task rows and the attempts'
+records: listed and paged under their action, filtered as events are, exported with an id
+naming the task or the attempt, and checked against the database by ``verify_audit
+--export``; one task's whole history."""
 
 from __future__ import annotations
 
@@ -77,8 +78,9 @@ def test_the_whole_log_leaves_out_events_an_attempt_record_repeats(
     services.pause_queue("default", actor=oncall, reason="drill")
     client = login(auditor)
 
+    # The whole log: events, not the transitions the task and attempt rows record.
     kinds = [row[2] for row in export_rows(client)[1:]]
-    assert kinds == ["queue_paused", "enqueued"]
+    assert kinds == ["queue_paused"]
     # One task chosen alone: its whole history, as its timeline shows it.
     page = body(client.get("/audit/", {"task": str(task.pk)}))
     assert page.count('data-kind="claimed"') == 1 and page.count('data-kind="succeeded"') == 1
@@ -133,3 +135,57 @@ def test_the_running_claims_are_read_in_the_same_queries_however_many_run(
         _running()
     with django_assert_max_num_queries(len(one.captured_queries)):
         assert len(live_claims(AuditFilter(kind="claimed"))) == 5
+
+
+def test_the_enqueues_are_listed_from_the_task_rows_and_filter_as_events_do(
+    auditor: User, settings: Any
+) -> None:
+    settings.CONSOLE_PAGE_SIZE = 2
+    first = noop()
+    alice = services.enqueue("demo.flaky", {"fail_first": 0}, actor="cli:alice").task
+    last = noop()
+    client = login(auditor)
+
+    assert [row[0] for row in export_rows(client, kind="enqueued")[1:]] == [
+        f"enqueued:{task.pk}" for task in (last, alice, first)
+    ]
+    page = client.get("/audit/", {"kind": "enqueued"}).context["page"]
+    assert [(entry.task_id, entry.actor) for entry in page.rows] == [
+        (last.pk, "cli:producer"),
+        (alice.pk, "cli:alice"),
+    ]
+    after = {"kind": "enqueued", "after": str(page.next_after)}
+    older = client.get("/audit/", after).context["page"]
+    assert ([entry.task_id for entry in older.rows], older.next_after) == ([first.pk], None)
+
+    # The producer's name started in another case, the workflow, the task; a bulk action's
+    # plan holds none.
+    assert _ids(export_rows(client, kind="enqueued", actor="CLI:AL")) == [f"enqueued:{alice.pk}"]
+    assert _ids(export_rows(client, kind="enqueued", workflow="demo.flaky")) == [
+        f"enqueued:{alice.pk}"
+    ]
+    assert _ids(export_rows(client, kind="enqueued", task=str(first.pk))) == [
+        f"enqueued:{first.pk}"
+    ]
+    assert _ids(export_rows(client, kind="enqueued", plan="0" * 32)) == []
+
+
+def test_an_export_of_enqueues_checks_out_and_a_changed_cell_is_named(auditor: User) -> None:
+    task = noop()
+    lines = _export(auditor, kind="enqueued")
+    assert audit_csv.check_export(lines).ok
+
+    rows = list(csv.reader(io.StringIO("".join(lines))))
+    [row] = [row for row in rows if row[0] == f"enqueued:{task.pk}"]
+    row[3] = "cli:mallory"
+    edited = io.StringIO()
+    csv.writer(edited).writerows(rows)
+    check = audit_csv.check_export(edited.getvalue().splitlines(keepends=True))
+    assert check.problems == [
+        f"event enqueued:{task.pk}: actor differs: the file has 'cli:mallory', the "
+        "database 'cli:producer'"
+    ]
+
+    Task.objects.filter(pk=task.pk).delete()
+    check = audit_csv.check_export(lines)
+    assert (check.ok, check.pruned) == (True, 1)

@@ -13,13 +13,16 @@ from tasks_app import services
 from tasks_app.history import timeline
 from tasks_app.models import AppendOnlyError, Event, EventKind, Lease, Step, Task
 from tasks_app.operations import retention
-from tests.conftest import backdate, only_step
+from tests.conftest import only_step
+from tests.factories import dead_task
 
 TABLE = Event._meta.db_table
 
 
-def _enqueued_task(key: str = "events:1") -> Task:
-    return services.enqueue("demo.noop", {"n": 1}, idempotency_key=key, actor="cli:alice").task
+def _task_with_an_event(key: str = "events:1") -> Task:
+    """A task whose history holds one Event row: it died at its first attempt
+    (``dead_lettered``; its enqueue and claim are recorded by its rows)."""
+    return dead_task(key=key)
 
 
 def _first_event(task: Task) -> Event:
@@ -51,7 +54,7 @@ def _assert_refused_by_trigger(excinfo: pytest.ExceptionInfo[DatabaseError], op:
 
 
 def test_postgresql_refuses_an_update_of_an_event(db: None) -> None:
-    event = _first_event(_enqueued_task())
+    event = _first_event(_task_with_an_event())
 
     with pytest.raises(DatabaseError) as excinfo:
         _raw(
@@ -60,11 +63,11 @@ def test_postgresql_refuses_an_update_of_an_event(db: None) -> None:
 
     _assert_refused_by_trigger(excinfo, "UPDATE")
     stored = Event.objects.get(pk=event.pk)
-    assert (stored.reason, stored.actor) == ("", "cli:alice")
+    assert (stored.reason, stored.actor) == (event.reason, event.actor) != ("rewritten", "mallory")
 
 
 def test_postgresql_refuses_a_delete_of_an_event_outside_retention(db: None) -> None:
-    event = _first_event(_enqueued_task())
+    event = _first_event(_task_with_an_event())
 
     with pytest.raises(DatabaseError) as excinfo:
         _raw(f"DELETE FROM {TABLE} WHERE id = %s", [event.pk])
@@ -74,7 +77,7 @@ def test_postgresql_refuses_a_delete_of_an_event_outside_retention(db: None) -> 
 
 
 def test_postgresql_refuses_an_update_even_with_the_retention_flag_set(db: None) -> None:
-    event = _first_event(_enqueued_task())
+    event = _first_event(_task_with_an_event())
 
     with (
         pytest.raises(DatabaseError) as excinfo,
@@ -85,12 +88,12 @@ def test_postgresql_refuses_an_update_even_with_the_retention_flag_set(db: None)
         cursor.execute(f"UPDATE {TABLE} SET reason = 'rewritten' WHERE id = %s", [event.pk])
 
     _assert_refused_by_trigger(excinfo, "UPDATE")
-    assert Event.objects.get(pk=event.pk).reason == ""
+    assert Event.objects.get(pk=event.pk).reason == event.reason == "permanent_error"
 
 
 def test_the_retention_service_deletes_events(db: None) -> None:
-    task = _enqueued_task()
-    kept = _enqueued_task("events:2")
+    task = _task_with_an_event()
+    kept = _task_with_an_event("events:2")
     ids = list(Event.objects.for_task(task.pk).values_list("pk", flat=True))
     Task.objects.filter(pk=task.pk).delete()
 
@@ -106,8 +109,8 @@ def test_a_plain_delete_is_refused_again_after_retention_within_the_same_transac
 ) -> None:
     # The test runs inside one transaction, so the retention service's block is a savepoint
     # here: its transaction-local flag must not outlive it.
-    _prune(_enqueued_task())
-    event = _first_event(_enqueued_task("events:2"))
+    _prune(_task_with_an_event())
+    event = _first_event(_task_with_an_event("events:2"))
 
     with pytest.raises(DatabaseError) as excinfo:
         _raw(f"DELETE FROM {TABLE} WHERE id = %s", [event.pk])
@@ -118,8 +121,8 @@ def test_a_plain_delete_is_refused_again_after_retention_within_the_same_transac
 
 @pytest.mark.django_db(transaction=True)
 def test_a_plain_delete_is_refused_again_after_the_retention_transaction() -> None:
-    pruned = _prune(_enqueued_task())
-    event = _first_event(_enqueued_task("events:2"))
+    pruned = _prune(_task_with_an_event())
+    event = _first_event(_task_with_an_event("events:2"))
 
     with pytest.raises(DatabaseError) as excinfo:
         _raw(f"DELETE FROM {TABLE} WHERE id = %s", [event.pk])
@@ -133,7 +136,7 @@ def test_a_plain_delete_is_refused_again_after_the_retention_transaction() -> No
 
 
 def test_the_model_refuses_to_save_an_existing_event(db: None) -> None:
-    event = _first_event(_enqueued_task())
+    event = _first_event(_task_with_an_event())
     event.reason = "rewritten"
 
     with pytest.raises(AppendOnlyError):
@@ -141,13 +144,13 @@ def test_the_model_refuses_to_save_an_existing_event(db: None) -> None:
     with pytest.raises(AppendOnlyError):
         event.save(update_fields=["reason"])
 
-    assert Event.objects.get(pk=event.pk).reason == ""
+    assert Event.objects.get(pk=event.pk).reason == "permanent_error"
 
 
 def test_the_model_refuses_to_overwrite_an_event_through_a_new_instance_with_its_id(
     db: None,
 ) -> None:
-    event = _first_event(_enqueued_task())
+    event = _first_event(_task_with_an_event())
     forged = Event(pk=event.pk, task_id=event.task_id, kind=EventKind.CANCELLED, actor="mallory")
 
     # An INSERT that collides with the existing id, not an UPDATE.
@@ -155,11 +158,11 @@ def test_the_model_refuses_to_overwrite_an_event_through_a_new_instance_with_its
         forged.save()
 
     stored = Event.objects.get(pk=event.pk)
-    assert (stored.kind, stored.actor) == (EventKind.ENQUEUED, "cli:alice")
+    assert (stored.kind, stored.actor) == (EventKind.DEAD_LETTERED, event.actor)
 
 
 def test_the_model_refuses_to_delete_an_event(db: None) -> None:
-    event = _first_event(_enqueued_task())
+    event = _first_event(_task_with_an_event())
 
     with pytest.raises(AppendOnlyError):
         event.delete()
@@ -168,7 +171,7 @@ def test_the_model_refuses_to_delete_an_event(db: None) -> None:
 
 
 def test_the_queryset_refuses_update_and_delete(db: None) -> None:
-    task = _enqueued_task()
+    task = _task_with_an_event()
     event = _first_event(task)
 
     with pytest.raises(AppendOnlyError):
@@ -185,7 +188,7 @@ def test_the_queryset_refuses_update_and_delete(db: None) -> None:
         Event.objects.bulk_update([event], ["reason"])
 
     assert list(Event.objects.filter(task_id=task.pk).values_list("pk", "reason")) == [
-        (event.pk, "")
+        (event.pk, "permanent_error")
     ]
 
 
@@ -193,19 +196,15 @@ def test_the_queryset_refuses_update_and_delete(db: None) -> None:
 
 
 def test_deleting_a_task_leaves_its_events(db: None) -> None:
-    task = _enqueued_task()
+    task = _task_with_an_event()
     step = only_step(task)
-    backdate(step)
-    claim = services.claim_step(step.pk, worker_id="w1")
-    assert claim is not None
-    assert services.complete_step(claim, {"ok": True})
     before = list(Event.objects.for_task(task.pk).values_list("pk", "kind", "step_id"))
-    # Its claim and success are its attempt's Lease row, which goes with its step.
-    assert [kind for _, kind, _ in before] == ["enqueued"]
+    # Its enqueue is its row, its claim and death its attempt's Lease row and one event.
+    assert [kind for _, kind, _ in before] == ["dead_lettered"]
     assert [entry.kind for entry in timeline.history(task.pk)] == [
         "enqueued",
         "claimed",
-        "succeeded",
+        "dead_lettered",
     ]
 
     Task.objects.filter(pk=task.pk).delete()
@@ -217,7 +216,7 @@ def test_deleting_a_task_leaves_its_events(db: None) -> None:
 
 
 def test_deleting_a_user_leaves_the_events_that_name_them(db: None, oncall: User) -> None:
-    task = _enqueued_task()
+    task = _task_with_an_event()
     services.cancel(task, actor=oncall, reason="not needed")
     user_id = oncall.pk
 

@@ -29,7 +29,7 @@ from tasks_app.exceptions import (
 from tasks_app.models import Event, Step, Task, TaskStatus
 from tasks_app.services import EnqueueResult
 from tests.conftest import BrokerView, backdate, only_step
-from tests.enqueue_support import canonical, counter, stored
+from tests.enqueue_support import assert_only_enqueued, canonical, counter, stored
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ def test_it_returns_the_same_task_for_a_duplicate_request() -> None:
         **before,
         "counters": before["counters"] + 1,
     }  # no second task, step or event
-    assert Event.objects.filter(task_id=first.task.pk).count() == 1
+    assert_only_enqueued(first.task)
     assert counter("enqueue_duplicate") == 1
     assert counter("idempotency_conflict") == 0
 
@@ -165,7 +165,8 @@ def test_it_treats_the_same_payload_with_keys_in_another_order_as_a_duplicate() 
 
     assert (again.task.pk, again.created) == (first.task.pk, False)
     assert Task.objects.count() == 1
-    assert Event.objects.count() == 1
+    assert_only_enqueued(first.task)
+    assert not Event.objects.exists()
     assert counter("enqueue_duplicate") == 1
 
 
@@ -331,7 +332,7 @@ def test_concurrent_enqueues_of_one_key_make_exactly_one_task() -> None:
     task = Task.objects.get()
     assert {result.task.pk for result in results} == {task.pk}
     assert Step.objects.filter(task=task).count() == 1
-    assert Event.objects.filter(task_id=task.pk).count() == 1
+    assert_only_enqueued(task)
     assert counter("enqueue_duplicate") == 7
 
 
@@ -350,7 +351,8 @@ def test_concurrent_enqueues_of_one_key_with_different_payloads_let_one_win() ->
     assert winners[0].created is True
     assert winners[0].task.pk == task.pk
     assert {loser.task_id for loser in losers} == {task.pk}
-    assert Event.objects.count() == 1
+    assert_only_enqueued(task)
+    assert not Event.objects.exists()
     assert counter("idempotency_conflict") == 7
 
 
@@ -370,7 +372,8 @@ def test_an_enqueue_that_found_no_task_but_lost_the_insert_returns_the_winners_t
     assert isinstance(second, EnqueueResult), second
     assert (first.created, second.created) == (True, False)
     assert second.task.pk == first.task.pk == Task.objects.get().pk
-    assert Event.objects.count() == 1
+    assert_only_enqueued(first.task)
+    assert not Event.objects.exists()
     assert counter("enqueue_duplicate") == 1
 
 
@@ -389,7 +392,8 @@ def test_an_enqueue_that_lost_the_insert_with_another_payload_is_a_conflict() ->
     assert isinstance(second, IdempotencyConflict), second
     assert second.task_id == first.task.pk
     assert Task.objects.get().payload == {"n": 1}
-    assert Event.objects.count() == 1
+    assert_only_enqueued(first.task)
+    assert not Event.objects.exists()
     assert counter("idempotency_conflict") == 1
 
 
@@ -415,4 +419,5 @@ def test_concurrent_batches_sharing_keys_in_opposite_orders_do_not_deadlock() ->
     assert set(tasks) == {"a", "b", "c"}
     assert {(r.task.idempotency_key, r.task.pk) for r in results} == set(tasks.items())
     assert sorted(r.task.idempotency_key or "" for r in results if r.created) == ["a", "b", "c"]
-    assert Event.objects.count() == 3
+    assert_only_enqueued(*Task.objects.all())
+    assert not Event.objects.exists()

@@ -21,11 +21,11 @@ from tasks_app.exceptions import (
     InvalidPayload,
     UnknownWorkflow,
 )
-from tasks_app.models import Event, EventKind, Step, Task
+from tasks_app.models import Step, Task
 from tasks_app.services import EnqueueResult
 from tasks_app.workflows import StepSpec, Workflow, register, registry
 from tests.conftest import BrokerView
-from tests.enqueue_support import NOTHING, canonical, stored
+from tests.enqueue_support import NOTHING, assert_only_enqueued, canonical, stored
 
 LIMIT = 65_536
 
@@ -450,7 +450,7 @@ def test_it_accepts_input_at_the_edge_of_the_rules_and_stores_it_unchanged(
     assert canonical(task.payload) == canonical(kwargs.get("payload", {}))
     assert task.idempotency_key == kwargs.get("idempotency_key")
     assert Step.objects.filter(task=task).count() == 1
-    assert Event.objects.filter(task_id=task.pk, kind=EventKind.ENQUEUED).count() == 1
+    assert_only_enqueued(task)
 
 
 def test_the_input_errors_form_one_family() -> None:

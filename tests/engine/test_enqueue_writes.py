@@ -23,6 +23,7 @@ from config.celery import app as celery_app
 from tasks_app import services
 from tasks_app.demo.workflows import noop
 from tasks_app.engine.dispatch import publisher
+from tasks_app.history import timeline
 from tasks_app.models import Event, EventKind, StepStatus, Task, TaskStatus
 from tasks_app.workflows import StepSpec, Workflow, registry
 from tests.conftest import BrokerView, backdate, only_step
@@ -64,7 +65,7 @@ def three_steps() -> Iterator[Workflow]:
 
 
 @pytest.mark.django_db
-def test_it_writes_the_task_the_enqueued_event_and_makes_only_the_first_step_due(
+def test_it_writes_the_task_and_its_steps_which_record_the_enqueue_and_makes_only_the_first_due(
     three_steps: Workflow,
 ) -> None:
     result = services.enqueue(
@@ -102,15 +103,26 @@ def test_it_writes_the_task_the_enqueued_event_and_makes_only_the_first_step_due
     assert steps[0].available_at is not None
     assert steps[0].available_at <= services.db_now()
     assert [s.available_at for s in steps[1:]] == [None, None]
-    event = Event.objects.get()
+    # No Event row: the task row and its first steps record the enqueue, read as one.
+    assert not Event.objects.exists()
+    [event] = timeline.history(task.pk)
     assert (event.kind, event.task_id, event.step_id) == (EventKind.ENQUEUED, task.pk, None)
-    assert (event.actor, event.actor_user_id) == ("cli:alice", None)
-    assert event.data["steps"] == {
-        str(steps[0].pk): ["pending", 0, 0],
-        str(steps[1].pk): ["blocked", 0, 0],
-        str(steps[2].pk): ["blocked", 0, 0],
+    assert (event.actor, event.actor_user_id, event.created_at) == (
+        "cli:alice",
+        None,
+        task.created_at,
+    )
+    assert event.data == {
+        "workflow": three_steps.name,
+        "version": 1,
+        "queue": "default",
+        "payload_hash": task.payload_hash,
+        "steps": {
+            str(steps[0].pk): ["pending", 0, 0],
+            str(steps[1].pk): ["blocked", 0, 0],
+            str(steps[2].pk): ["blocked", 0, 0],
+        },
     }
-    assert event.data["payload_hash"] == task.payload_hash
 
 
 @pytest.mark.django_db
@@ -127,8 +139,12 @@ def test_it_records_a_user_who_enqueues(oncall: Any) -> None:
 
     task.refresh_from_db()
     assert (task.created_by, task.created_by_user) == ("olivia-oncall", oncall)
-    event = Event.objects.get()
-    assert (event.actor, event.actor_user_id) == ("olivia-oncall", oncall.pk)
+    [event] = timeline.history(task.pk)
+    assert (event.kind, event.actor, event.actor_user_id) == (
+        "enqueued",
+        "olivia-oncall",
+        oncall.pk,
+    )
 
 
 @pytest.mark.django_db

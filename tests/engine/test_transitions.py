@@ -123,13 +123,27 @@ def test_a_completion_whose_attempt_record_cannot_be_written_completes_nothing(
     assert only_step(task).result is None
 
 
-def test_an_enqueue_whose_event_cannot_be_written_creates_nothing(
-    refuse_events: Callable[[str], None],
-) -> None:
-    refuse_events("enqueued")
+REFUSE_STEPS = """
+CREATE FUNCTION pg_temp.refuse_step() RETURNS trigger AS $$
+BEGIN
+    RAISE EXCEPTION 'the step at position % cannot be written', NEW.position;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER refuse_step BEFORE INSERT ON tasks_app_step
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_step();
+"""
 
-    with pytest.raises(DatabaseError, match="enqueued event"):
-        services.enqueue("demo.noop", {}, idempotency_key="lost:1")
+
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_an_enqueue_whose_steps_cannot_be_written_creates_no_task(db: None, many: bool) -> None:
+    # The task row and its first steps record the enqueue together (no event of its own).
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE_STEPS)
+
+    with pytest.raises(DatabaseError, match="cannot be written"):
+        if many:
+            services.enqueue_many([{"workflow": "demo.noop", "payload": {}}] * 2)
+        else:
+            services.enqueue("demo.noop", {}, idempotency_key="lost:1")
 
     assert not Task.objects.exists() and not Step.objects.exists()
 

@@ -14,6 +14,7 @@ from django.urls import reverse
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
 from tasks_app.engine import runner
+from tasks_app.history import timeline
 from tasks_app.integrations.admin import TaskAdmin
 from tasks_app.models import Counter, Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.admin_support import ADD_URL, enqueue_form, form_errors, staff_client
@@ -115,7 +116,7 @@ def test_a_superuser_enqueues_a_task_through_the_add_form(
     assert task.payload == {"article_id": "a-1", "title": "Launch", "brief": "Why."}
     first = task.steps.get(position=0)
     assert first.available_at == datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
-    event = Event.objects.get(task_id=task.pk)
+    [event] = timeline.history(task.pk)
     assert event.kind == EventKind.ENQUEUED
     assert (event.actor, event.actor_user_id) == (superuser.username, superuser.pk)
     assert any(f"task #{task.pk}" in m for m in page_messages(admin_client_logged_in, response))

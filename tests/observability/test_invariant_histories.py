@@ -16,7 +16,8 @@ from tests.factories import dead_task, noop, succeeded
 from tests.invariant_support import assert_clean, event, events_of, findings, running, sql
 
 
-def test_it_finds_a_task_without_its_enqueued_event(db: None) -> None:
+def test_it_finds_a_task_without_the_steps_its_enqueue_makes(db: None) -> None:
+    # The task row and its first steps record the enqueue: a row inserted alone has none.
     sql(
         "INSERT INTO tasks_app_task (workflow, workflow_version, payload, payload_hash, "
         "idempotency_key, queue, priority, status, created_by, created_at, updated_at) "
@@ -25,13 +26,48 @@ def test_it_finds_a_task_without_its_enqueued_event(db: None) -> None:
     )
     task = Task.objects.get()
 
-    assert findings() == [f"enqueued: task {task.pk}: its history is empty: no enqueued event"]
+    assert findings() == [
+        f"enqueued: task {task.pk}: its first steps (revision 0) are at positions none, "
+        "not one each from 0"
+    ]
 
 
-def test_it_finds_a_history_that_does_not_start_with_enqueued(db: None) -> None:
+@pytest.mark.no_fold_check
+def test_it_finds_first_steps_with_a_position_missing(db: None) -> None:
     task = succeeded()
-    [enqueued] = events_of(task, EventKind.ENQUEUED)
-    first = event(task, EventKind.STALE_WRITE_REJECTED, only_step(task), pk=enqueued - 1)
+    sql(
+        "INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, "
+        "priority, attempts, max_attempts, idempotency_key, fencing_token, result, "
+        "last_error, error_class, lease_worker) SELECT task_id, 2, 0, kind, 'blocked', "
+        "queue, priority, 0, max_attempts, idempotency_key || ':2', 0, NULL, '', '', '' "
+        "FROM tasks_app_step WHERE task_id = %s",
+        task.pk,
+    )
+
+    assert findings() == [
+        f"enqueued: task {task.pk}: its first steps (revision 0) are at positions 0, 2, "
+        "not one each from 0",
+        # The step inserted is blocked: by the fold, the task has not finished.
+        f"history: task {task.pk}: stored state differs from its events: status succeeded "
+        "(events say pending)",
+    ]
+
+
+def test_it_finds_a_recorded_enqueue_that_does_not_start_its_history(db: None) -> None:
+    # A history written before the task row recorded its enqueue: an `enqueued` Event,
+    # which is read instead of the row, and another event placed before it.
+    task = succeeded()
+    step = only_step(task)
+    recorded = event(
+        task,
+        EventKind.ENQUEUED,
+        workflow=task.workflow,
+        version=task.workflow_version,
+        queue=task.queue,
+        payload_hash=task.payload_hash,
+        steps={str(step.pk): ["pending", 0, 0]},
+    )
+    first = event(task, EventKind.STALE_WRITE_REJECTED, step, pk=recorded - 1)
 
     assert findings() == [
         f"enqueued: task {task.pk}: its history starts with event {first} "

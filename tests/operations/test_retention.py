@@ -40,6 +40,7 @@ from tasks_app.models import (
 from tasks_app.operations import retention
 from tests.approval_support import advance, article, pending_request
 from tests.conftest import backdate, only_step, worker_thread
+from tests.factories import retrying
 from tests.remotes import LoopbackRemote
 from tests.settings_support import load_settings
 
@@ -63,6 +64,17 @@ def _succeeded(key: str | None = None) -> Task:
     step = only_step(task)
     backdate(step)
     assert runner.run_claimed(step.pk)
+    task.refresh_from_db()
+    assert task.status == TaskStatus.SUCCEEDED
+    return task
+
+
+def _succeeded_after_a_retry() -> Task:
+    """A task whose history holds an Event row that is not an operator's: its first attempt
+    failed (``retry_scheduled``), its second succeeded (its enqueue, claims and success
+    are recorded by its rows)."""
+    task = retrying(retry_in=timedelta(0))
+    assert runner.run_claimed(only_step(task).pk)
     task.refresh_from_db()
     assert task.status == TaskStatus.SUCCEEDED
     return task
@@ -229,7 +241,7 @@ def test_operator_events_outlive_their_task_until_the_audit_retention(
     report = retention.prune(_days_later(DAYS + 1))
 
     assert report.tasks == {"cancelled": 1}
-    assert report.events == {"enqueued": 1}
+    assert report.events == {}  # its enqueue is its row, gone with it
     assert (report.kept_for_audit, report.audit_events) == (1, {})
     assert _kinds(cancelled.pk) == {"cancelled": 1}
     assert Event.objects.filter(task_id=None).count() == 2
@@ -251,7 +263,7 @@ def test_operator_events_past_the_audit_retention_go_with_their_task(
 
     report = retention.prune(_days_later(AUDIT_DAYS + 1))
 
-    assert report.events == {"enqueued": 1, "cancelled": 1}
+    assert report.events == {"cancelled": 1}
     assert (report.kept_for_audit, report.audit_events) == (0, {})
     assert _kinds(cancelled.pk) == {}
 
@@ -325,13 +337,13 @@ def test_an_idle_sweep_prunes_nothing_and_logs_nothing_at_info(
 def test_a_sweep_that_prunes_says_so_in_one_line(
     db: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _finished_days_ago(_succeeded(), DAYS + 1)
+    _finished_days_ago(_succeeded_after_a_retry(), DAYS + 1)
 
     with caplog.at_level(logging.INFO, logger="tasks_app"):
         assert services.sweep().jobs["pruned"] == 1
 
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks_app.operations.retention"]
-    # Its enqueue is an event; its claim and success are its attempt's Lease row.
+    # Its retry is an event; its enqueue, claims and success are its rows.
     assert lines == ["pruned 1 finished task(s) and 1 event(s); 0 operator event(s) kept for audit"]
 
 
@@ -353,7 +365,7 @@ def test_the_sweep_prunes_operator_events_past_the_audit_retention(
 
 def test_pruned_events_are_added_to_their_kinds_counters(db: None, oncall: User) -> None:
     Counter.objects.create(name="events_pruned:enqueued", value=5)
-    tasks = [_succeeded(), _succeeded(), _cancelled(oncall)]
+    tasks = [_succeeded_after_a_retry(), _succeeded(), _cancelled(oncall)]
     for task in tasks:
         _finished_days_ago(task, DAYS + 1)
     every_kind = Tally(Event.objects.values_list("kind", flat=True))
@@ -362,8 +374,10 @@ def test_pruned_events_are_added_to_their_kinds_counters(db: None, oncall: User)
 
     assert not Event.objects.exists()
     assert _counters() == {
-        # Claims and successes are their attempts' Lease rows, not events: none is counted.
-        "events_pruned:enqueued": 5 + 3,
+        # Enqueues, claims and successes are their tasks' and attempts' rows, not events:
+        # none is counted; the tally written before stays.
+        "events_pruned:enqueued": 5,
+        "events_pruned:retry_scheduled": 1,
         "events_pruned:cancelled": 1,
     }
     # Stored events plus the tally never go down.
@@ -373,14 +387,14 @@ def test_pruned_events_are_added_to_their_kinds_counters(db: None, oncall: User)
 
 
 def test_every_deletion_of_events_is_tallied(db: None) -> None:
-    task = services.enqueue("demo.noop", {}).task
+    task = retrying()
     ids = list(Event.objects.for_task(task.pk).values_list("pk", flat=True))
     Task.objects.filter(pk=task.pk).delete()
 
     assert retention.delete_events(ids) == 1
     assert retention.delete_events(ids) == 0  # gone already: not counted twice
 
-    assert _counters() == {"events_pruned:enqueued": 1}
+    assert _counters() == {"events_pruned:retry_scheduled": 1}
 
 
 # --- the freed key ----------------------------------------------------------------------------
@@ -444,7 +458,7 @@ def _command(*args: str) -> str:
 def test_prune_history_dry_run_prints_the_counts_and_deletes_nothing(
     db: None, oncall: User
 ) -> None:
-    for task in (_succeeded(), _succeeded(), _cancelled(oncall)):
+    for task in (_succeeded_after_a_retry(), _succeeded(), _cancelled(oncall)):
         _finished_days_ago(task, DAYS + 1)
     _succeeded()
     events = Event.objects.count()
@@ -456,7 +470,7 @@ def test_prune_history_dry_run_prints_the_counts_and_deletes_nothing(
     assert lines[0].endswith("(cancelled 1, succeeded 2)")
     assert lines[1:4] == [
         "  with them: steps 3",
-        "  their events: 3 (enqueued 3)",
+        "  their events: 1 (retry_scheduled 1)",
         "  their operator events kept for audit: 1",
     ]
     assert lines[4].endswith("their task gone: 0 (-)")

@@ -120,6 +120,7 @@ def test_the_targets_of_this_round() -> None:
         False,
     )
     assert texts["commits per executed step: US ≤ 2"][1:] == (None, 2.0, False)
+    assert texts["rows written per task enqueued: US ≤ 3"] == ("enqueue_rows", None, 3.0, False)
     # Rule 11's four row versions: the executions' own, rows written on a clock apart.
     assert texts["rows the executions write per step (rows written on a clock apart): US ≤ 4"] == (
         "execution_row_writes_per_step",
