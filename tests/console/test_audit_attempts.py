@@ -102,13 +102,8 @@ def test_an_export_of_claims_checks_out_and_a_changed_cell_is_named(auditor: Use
     check = audit_csv.check_export(lines)
     assert (check.ok, check.rows, check.pruned) == (True, 2, 0)
 
-    rows = list(csv.reader(io.StringIO("".join(lines))))
     step, actor = task.steps.get().pk, _actor(task)
-    [row] = [row for row in rows if row[0] == f"claimed:{step}:1"]
-    row[3] = "worker:someone-else"
-    edited = io.StringIO()
-    csv.writer(edited).writerows(rows)
-    check = audit_csv.check_export(edited.getvalue().splitlines(keepends=True))
+    check = _with_actor(lines, f"claimed:{step}:1", "worker:someone-else")
     assert check.problems == [
         f"event claimed:{step}:1: actor differs: the file has 'worker:someone-else', the "
         f"database {actor!r}"
@@ -119,6 +114,16 @@ def test_an_export_of_claims_checks_out_and_a_changed_cell_is_named(auditor: Use
     check = audit_csv.check_export(lines)
     assert (check.ok, check.pruned) == (True, 1)
     assert not Event.objects.filter(task_id=task.pk, kind="claimed").exists()
+
+
+def _with_actor(lines: list[str], row_id: str, actor: str) -> audit_csv.ExportCheck:
+    """The check of the export ``lines`` with the actor of row ``row_id`` changed."""
+    rows = list(csv.reader(io.StringIO("".join(lines))))
+    [row] = [row for row in rows if row[0] == row_id]
+    row[3] = actor
+    edited = io.StringIO()
+    csv.writer(edited).writerows(rows)
+    return audit_csv.check_export(edited.getvalue().splitlines(keepends=True))
 
 
 def _actor(task: Task) -> str:
@@ -175,12 +180,7 @@ def test_an_export_of_enqueues_checks_out_and_a_changed_cell_is_named(auditor: U
     lines = _export(auditor, kind="enqueued")
     assert audit_csv.check_export(lines).ok
 
-    rows = list(csv.reader(io.StringIO("".join(lines))))
-    [row] = [row for row in rows if row[0] == f"enqueued:{task.pk}"]
-    row[3] = "cli:mallory"
-    edited = io.StringIO()
-    csv.writer(edited).writerows(rows)
-    check = audit_csv.check_export(edited.getvalue().splitlines(keepends=True))
+    check = _with_actor(lines, f"enqueued:{task.pk}", "cli:mallory")
     assert check.problems == [
         f"event enqueued:{task.pk}: actor differs: the file has 'cli:mallory', the "
         "database 'cli:producer'"
