@@ -1,16 +1,22 @@
 """The console cells' data: a database per size, migrated, then filled with COPY.
 
 Finished history spread over the 30 days before the build (ids follow creation time),
-plus the same few hundred tasks of active work at every size from 10,000 up:
+plus the same few hundred tasks of active work at every size from 10,000 up. The rows are
+the ones the product writes (DESIGN rule 11): the task row and its step record the enqueue,
+an attempt's Lease row (with its ``attempt``) its claim and a success, and events only the
+rest (``tasks_app.history.timeline`` derives the history from them):
 
-- 2% cancelled before a claim (``enqueued``, then ``cancelled`` by a person);
-- 1% dead: three claims, three failed leases, the traceback on the step, events up to
-  ``dead_lettered``;
-- 150 pending (due) and 50 running (a live lease) created in the last three minutes, 100
-  waiting for approval (a pending request) created in the last day (3% of the tasks in
-  all below 10,000);
-- the rest (~97%) succeeded: one claim (a tenth of ``demo.flaky``'s two), a lease per
-  claim, events ``enqueued``, ``claimed`` (``retry_scheduled``), ``succeeded``.
+- 2% cancelled before a claim: a ``cancelled`` event by a person (on the audit chain);
+- 1% dead: three failed attempts, a Lease row each, events ``retry_scheduled`` twice and
+  ``dead_lettered``, the traceback on the step;
+- 150 pending (due) and 50 running created in the last three minutes: a running step holds
+  its live lease (holder, token, expiry) and has no Lease row yet, and its task's row
+  stays ``pending``; 100 waiting for approval (a pending request, an
+  ``approval_requested`` event) created in the last day (3% of the tasks in all below
+  10,000);
+- the rest (~97%) succeeded: one attempt, its Lease row and no event; a tenth of
+  ``demo.flaky``'s two, the first failed (its Lease row, ``retry_scheduled``, its error
+  kept on the step).
 
 One step per task (position 0, revision 0), its id the task's. Workflows ``demo.noop``,
 ``demo.flaky``, ``publish_article``, ``ticket_reply`` (version 1), queue ``default``.
@@ -62,10 +68,10 @@ GATES = (
 )  # fmt: skip
 RESULTS = {
     "noop": "{}",
-    "flaky": '{"token": 1, "attempt": 1}',
     "generate_draft": '{"title": "Article", "body": "Draft text.", "revision": 0}',
     "lookup_customer": '{"name": "Customer", "email": "customer@customers.example"}',
 }
+FLAKY_RESULT = '{{"token": {n}, "attempt": {n}}}'  # of the claim that succeeded
 
 ERROR_CLASS = "tasks_app.exceptions.RetryableError"
 TRACEBACK = (
@@ -96,13 +102,14 @@ def jtext(value: Any) -> str:
     return copy_text(json.dumps(value))
 
 
-# The step keeps the last claim's traceback; each failure event its own (the last 2,000
-# characters).
-ERROR_FIELD = copy_text(TRACEBACK.replace("{token}", "3"))
+# Each claim's traceback, as its step and its failure's event keep it (short: no event cuts it).
+ERRORS = {token: TRACEBACK.replace("{token}", str(token)) for token in (1, 2, 3)}
 # The cause a dead step of that traceback stores (tasks_app.models.fingerprints: the numbers are
 # masked, so every dead step here has this one); tests/project/test_bench_console_data.py checks it.
 CAUSE = "6d7e53647bc0eaee"
-ERROR_JSON = {token: jtext(TRACEBACK.replace("{token}", str(token))[-2000:]) for token in (1, 2, 3)}
+# The operator events written here (tasks_app.models.OPERATOR_EVENT_KINDS), chained as
+# tasks_app.history.audit_chain chains them.
+CHAINED = frozenset({CANCELLED})
 
 
 @dataclass(frozen=True)
@@ -149,12 +156,6 @@ def plan(n: int, seed: int, now: float) -> Plan:
     pick(n // 100, 1, DEAD)
     pick(n // 50, 1, CANCELLED)
     return Plan(n, now, status)
-
-
-def _steps_key(task_id: int) -> str:
-    """How an event's data opens: its one step's id, then that step's [status, attempts,
-    token] follows."""
-    return f'{{"steps": {{"{task_id}": '
 
 
 def _frac(task_id: int, salt: int) -> float:
@@ -257,6 +258,49 @@ class Rows:
     approvals: list[str]
 
 
+@dataclass
+class StepRow:
+    """A task's one step as the product leaves it, its columns as COPY text."""
+
+    kind: str
+    status: str
+    # Its due time (the enqueue's, or its last retry's), which its doorbell was sent at too.
+    available: str
+    attempts: int = 0  # its fencing token too: no step here is redriven
+    result: str = NULL
+    error: str = ""
+    error_class: str = ""
+    started: str = NULL
+    finished: str = NULL
+    # The live lease of an attempt running (DESIGN rule 2): its expiry and holder.
+    lease_expires: str = NULL
+    lease_worker: str = ""
+    cause: str = ""
+    dead_workflow: str = ""
+
+    def line(self, step_id: int) -> str:
+        return (
+            f"{step_id}\t{step_id}\t0\t0\t{self.kind}\t{self.status}\tdefault\t0\t{self.attempts}"
+            f"\t3\t{self.available}\ttask-{step_id}:0:{self.kind}\t{self.attempts}"
+            f"\t{self.lease_expires}\t{self.lease_worker}\t{self.available}\t{self.result}"
+            f"\t{self.error}\t{self.error_class}\t{self.started}\t{self.finished}\t{NULL}"
+            f"\t{self.cause}\t{self.dead_workflow}"
+        )
+
+
+def canonical(document: Any) -> str:
+    """Canonical JSON (``tasks_app.validation.canonical_json``, the audit chain's form)."""
+    return json.dumps(
+        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def chain_hash(event: dict[str, Any], previous: str) -> str:
+    """The hash ``tasks_app.history.audit_chain.event_hash`` gives an operator event: of its
+    canonical form with the hash of the chained event before (``""`` for the first)."""
+    return hashlib.sha256(canonical({**event, "previous": previous}).encode()).hexdigest()
+
+
 class Generator:
     """The rows of every table, task by task, as lines of COPY text."""
 
@@ -265,6 +309,7 @@ class Generator:
         self.lease_id = 0
         self.event_id = 0
         self.approval_id = 0
+        self.chain_head = ""  # the audit chain's newest hash
         self.end = plan.now - 5
         self.start = self.end - SPAN
         self.totals: Counter[str] = Counter()
@@ -281,61 +326,73 @@ class Generator:
             yield rows
 
     def event(
-        self,
-        rows: Rows,
-        task_id: int,
-        kind: str,
-        actor: str,
-        at: str,
-        data: str,
-        *,
-        reason: str = "",
-        step: bool = True,
-    ) -> None:
+        self, rows: Rows, task_id: int, kind: str, actor: str, at: float, data: dict[str, Any],
+        *, reason: str = "", step: bool = True,
+    ) -> None:  # fmt: skip
+        """An Event row; an operator event is appended to the audit chain."""
         self.event_id += 1
-        step_id = str(task_id) if step else NULL
+        created = datetime.fromtimestamp(at, UTC)
+        chain = f"{NULL}\t{NULL}"
+        if kind in CHAINED:
+            event = {
+                "id": self.event_id, "task_id": task_id, "step_id": task_id if step else None,
+                "kind": kind, "actor": actor, "actor_user_id": None, "reason": reason,
+                "data": data, "created_at": created.isoformat(timespec="microseconds"),
+            }  # fmt: skip
+            previous, self.chain_head = self.chain_head, chain_hash(event, self.chain_head)
+            chain = f"{previous}\t{self.chain_head}"
         rows.events.append(
-            f"{self.event_id}\t{task_id}\t{step_id}\t{kind}\t{actor}\t\\N\t{reason}\t{data}\t{at}"
+            f"{self.event_id}\t{task_id}\t{task_id if step else NULL}\t{kind}\t{actor}\t{NULL}"
+            f"\t{copy_text(reason)}\t{jtext(data)}\t{created.isoformat(sep=' ')}\t{chain}"
         )
 
-    def lease(
-        self, rows: Rows, step_id: int, token: int, acquired: float, released: str, outcome: str
-    ) -> None:
+    def attempt(
+        self, rows: Rows, task_id: int, worker: str, claim: int, claimed_at: float,
+        ended_at: float, *, failed: bool = False, retry_in: float | None = None,
+    ) -> None:  # fmt: skip
+        """Attempt ``claim`` (its fencing token too) of the task's step, ended at ``ended_at``:
+        its Lease row, which records its claim and a success (``history.timeline``), and
+        for a failure its event: the retry ``retry_in`` s later, or (None) the dead letter."""
         self.lease_id += 1
-        worker = WORKER.format(1 + step_id % 2, 1000 + step_id % 4)
-        expires = ts(acquired + LEASE_SECONDS)
+        outcome = "failed" if failed else SUCCEEDED
         rows.leases.append(
-            f"{self.lease_id}\t{step_id}\t{token}\t{worker}\t{ts(acquired)}\t{expires}"
-            f"\t{released}\t{outcome}"
+            f"{self.lease_id}\t{task_id}\t{claim}\t{claim}\t{worker}\t{ts(claimed_at)}"
+            f"\t{ts(claimed_at + LEASE_SECONDS)}\t{ts(ended_at)}\t{outcome}"
         )
+        if not failed:
+            return
+        state, kind = (
+            (PENDING, "retry_scheduled") if retry_in is not None else (DEAD, "dead_lettered")
+        )
+        data = {
+            "steps": {str(task_id): [state, claim, claim]}, "token": claim,
+            "error_class": ERROR_CLASS, "error": ERRORS[claim], "retry_in": retry_in,
+            "task_status": state,
+        }  # fmt: skip
+        reason = "max_attempts" if state == DEAD else ""
+        self.event(rows, task_id, kind, f"worker:{worker}", ended_at, data, reason=reason)
 
-    def claimed(self, rows: Rows, task_id: int, worker: str, at: str, claim: int) -> None:
-        self.event(
-            rows,
-            task_id,
-            "claimed",
-            worker,
-            at,
-            f'{_steps_key(task_id)}["running", {claim}, {claim}]}}, "token": {claim}, '
-            f'"attempt": {claim}, "lease_seconds": {LEASE_SECONDS}}}',
-        )
-
-    def claim_failed(
-        self, rows: Rows, task_id: int, worker: str, at: str, claim: int, *, last: bool
-    ) -> None:
-        """The claim's error: a retry after 0.2 s, or the last attempt's dead letter."""
-        state, retry_in = ("dead", "null") if last else ("pending", "0.2")
-        self.event(
-            rows,
-            task_id,
-            "dead_lettered" if last else "retry_scheduled",
-            worker,
-            at,
-            f'{_steps_key(task_id)}["{state}", {claim}, {claim}]}}, "token": {claim}, '
-            f'"error_class": "{ERROR_CLASS}", "error": {ERROR_JSON[claim]}, '
-            f'"retry_in": {retry_in}, "task_status": "{state}"}}',
-            reason="max_attempts" if last else "",
-        )
+    def failures(
+        self, rows: Rows, task_id: int, workflow: str, worker: str, step: StepRow,
+        claim_at: float, count: int, *, dies: bool,
+    ) -> float:  # fmt: skip
+        """The step's first ``count`` attempts from ``claim_at``: each fails 0.01 s after its
+        claim and is retried 0.2 s times its number later, or (the last, if it ``dies``) is
+        dead-lettered. Returns when the claim after them, or the last one, began."""
+        for claim in range(1, count + 1):
+            failed_at = claim_at + 0.01
+            last = dies and claim == count
+            retry_in = None if last else 0.2 * claim
+            self.attempt(
+                rows, task_id, worker, claim, claim_at, failed_at, failed=True, retry_in=retry_in
+            )
+            self.tally.add(workflow, failed_at, N_DEAD if last else N_RETRY)
+            # The step keeps its last error, even once a retry succeeds.
+            step.error, step.error_class = copy_text(ERRORS[claim]), ERROR_CLASS
+            if retry_in is not None:
+                claim_at = failed_at + retry_in
+                step.available = ts(claim_at)
+        return claim_at
 
     def task(self, task_id: int, rows: Rows) -> None:
         status = self.plan.of(task_id)
@@ -347,134 +404,81 @@ class Generator:
             created = now - 1 - 180 * _frac(task_id, 1)
         started = created + 0.01 + 0.3 * _frac(task_id, 2)
         finished = started + 0.005 + 1.5 * _frac(task_id, 3)
-        c_at, s_at = ts(created), ts(started)
+        c_at = ts(created)
         payload_hash = hashlib.sha256(b"%d" % task_id).hexdigest()
-        worker = f"worker:{WORKER.format(1 + task_id % 2, 1000 + task_id % 4)}"
-        steps_key = _steps_key(task_id)
-        attempts, token = 0, 0
-        step_status, result, error, error_class = status, NULL, "", ""
-        cause = dead_workflow = ""
-        available = dispatched = c_at
-        step_started = step_finished = lease_expires = NULL
-        task_finished = NULL
-        updated = c_at
+        worker = WORKER.format(1 + task_id % 2, 1000 + task_id % 4)
+        task_finished, updated = NULL, c_at
         gate = GATES[task_id % 2]
         if status == WAITING:
             workflow, kind = gate[0], gate[1]
-            available = dispatched = NULL
         elif status == DEAD and task_id % 10 < 8:
             workflow, kind = "demo.flaky", "flaky"
+        # The enqueue: the task row and its step, no event (history.timeline reads it).
+        step = StepRow(kind, status, NULL if status == WAITING else c_at)
         payload = f'{{"n": {task_id}, "customer": "c-{task_id % 1000}"}}'
         self.tally.add(workflow, created, N_ENQ)
-        self.event(
-            rows,
-            task_id,
-            "enqueued",
-            "api",
-            c_at,
-            f'{{"workflow": "{workflow}", "version": 1, "queue": "default", '
-            f'"payload_hash": "{payload_hash}", "steps": {{"{task_id}": ["pending", 0, 0]}}}}',
-            step=False,
-        )
         if status == SUCCEEDED:
-            claims = 2 if kind == "flaky" and task_id % 100 < 10 else 1
-            claim_at = started
-            for claim in range(1, claims + 1):
-                self.claimed(rows, task_id, worker, ts(claim_at), claim)
-                if claim < claims:
-                    failed_at = claim_at + 0.01
-                    self.lease(rows, task_id, claim, claim_at, ts(failed_at), "failed")
-                    self.claim_failed(rows, task_id, worker, ts(failed_at), claim, last=False)
-                    self.tally.add(workflow, failed_at, N_RETRY)
-                    claim_at = failed_at + 0.2
-                    finished = max(finished, claim_at + 0.01)
+            retried = 1 if kind == "flaky" and task_id % 100 < 10 else 0
+            claim_at = self.failures(
+                rows, task_id, workflow, worker, step, started, retried, dies=False
+            )
+            if retried:
+                finished = max(finished, claim_at + 0.01)
             self.tally.run(workflow, finished, finished - claim_at)
-            f_at = ts(finished)
-            self.lease(rows, task_id, claims, claim_at, f_at, "succeeded")
-            self.event(
-                rows,
-                task_id,
-                "succeeded",
-                worker,
-                f_at,
-                f'{steps_key}["succeeded", {claims}, {claims}]}}, "token": {claims}, '
-                '"task_status": "succeeded"}',
-            )
-            attempts = token = claims
-            result = RESULTS[kind]
-            step_started, step_finished = ts(claim_at), f_at
-            task_finished = updated = f_at
+            # The success: its Lease row alone (no next step for an event to make due).
+            self.attempt(rows, task_id, worker, retried + 1, claim_at, finished)
+            step.attempts = retried + 1
+            step.result = FLAKY_RESULT.format(n=retried + 1) if kind == "flaky" else RESULTS[kind]
+            step.started, step.finished = ts(claim_at), ts(finished)
+            task_finished = updated = step.finished
         elif status == CANCELLED:
-            f_at = ts(min(created + 30 + 600 * _frac(task_id, 4), now - 1))
+            at = min(created + 30 + 600 * _frac(task_id, 4), now - 1)
+            data = {"steps": {str(task_id): [CANCELLED, 0, 0]}, "task_status": CANCELLED}
+            # A person's cancel names no step.
             self.event(
-                rows,
-                task_id,
-                "cancelled",
-                "alice",
-                f_at,
-                f'{steps_key}["cancelled", 0, 0]}}, "task_status": "cancelled"}}',
-                reason="no longer needed",
+                rows, task_id, CANCELLED, "alice", at, data, reason="no longer needed", step=False
             )
-            step_finished = task_finished = updated = f_at
+            step.finished = task_finished = updated = ts(at)
         elif status == DEAD:
-            claim_at = started
-            for claim in (1, 2, 3):
-                self.claimed(rows, task_id, worker, ts(claim_at), claim)
-                failed_at = claim_at + 0.01
-                f_at = ts(failed_at)
-                self.lease(rows, task_id, claim, claim_at, f_at, "failed")
-                last = claim == 3
-                self.claim_failed(rows, task_id, worker, f_at, claim, last=last)
-                self.tally.add(workflow, failed_at, N_DEAD if last else N_RETRY)
-                if not last:
-                    claim_at = failed_at + 0.2 * claim
-            attempts = token = 3
-            error, error_class = ERROR_FIELD, ERROR_CLASS
-            cause, dead_workflow = CAUSE, workflow
-            step_started, step_finished = ts(claim_at), ts(claim_at + 0.01)
-            task_finished = updated = step_finished
+            claim_at = self.failures(rows, task_id, workflow, worker, step, started, 3, dies=True)
+            step.attempts = 3
+            step.cause, step.dead_workflow = CAUSE, workflow
+            step.started, step.finished = ts(claim_at), ts(claim_at + 0.01)
+            task_finished = updated = step.finished
         elif status == RUNNING:
-            self.lease(rows, task_id, 1, started, NULL, "")
-            self.claimed(rows, task_id, worker, s_at, 1)
-            attempts = token = 1
-            step_started = updated = s_at
-            lease_expires = ts(started + LEASE_SECONDS)
+            # The claim: the live lease on the step; the task row stays as enqueued.
+            step.attempts = 1
+            step.started, step.lease_expires = ts(started), ts(started + LEASE_SECONDS)
+            step.lease_worker = worker
         elif status == WAITING:
-            self.approval(rows, task_id, gate, created, started)
-            self.event(
-                rows,
-                task_id,
-                "approval_requested",
-                "system",
-                s_at,
-                f'{steps_key}["waiting_approval", 0, 0]}}, "task_status": "waiting_approval", '
-                f'"request": {self.approval_id}}}',
-            )
-            updated = s_at
+            self.approval(rows, task_id, gate, started)
+            updated = ts(started)
+        stored = PENDING if status == RUNNING else status  # DESIGN rule 11
         rows.tasks.append(
-            f"{task_id}\t{workflow}\t1\t{payload}\t{payload_hash}\t\\N\tdefault\t0\t{status}"
-            f"\tapi\t{c_at}\t{updated}\t{task_finished}\t\\N\t\\N"
+            f"{task_id}\t{workflow}\t1\t{payload}\t{payload_hash}\t{NULL}\tdefault\t0\t{stored}"
+            f"\tapi\t{c_at}\t{updated}\t{task_finished}\t{NULL}\t{NULL}"
         )
-        rows.steps.append(
-            f"{task_id}\t{task_id}\t0\t0\t{kind}\t{step_status}\tdefault\t0\t{attempts}\t3"
-            f"\t{available}\ttask-{task_id}:0:{kind}\t{token}\t{lease_expires}\t{dispatched}"
-            f"\t{result}\t{error}\t{error_class}\t{step_started}\t{step_finished}\t\\N"
-            f"\t{cause}\t{dead_workflow}"
-        )
+        rows.steps.append(step.line(task_id))
 
-    def approval(
-        self, rows: Rows, task_id: int, gate: tuple[Any, ...], created: float, opened: float
-    ) -> None:
+    def approval(self, rows: Rows, task_id: int, gate: tuple[Any, ...], opened: float) -> None:
+        """The request the task's approval step opened at ``opened``, and its event."""
         workflow, _kind, action, draft_step, send_back, hours, on_expiry = gate
         self.approval_id += 1
         draft = {"title": f"Article {task_id}", "body": "Draft text.", "revision": 0}
-        draft_hash = hashlib.sha256(json.dumps(draft, sort_keys=True).encode()).hexdigest()
+        draft_hash = hashlib.sha256(canonical(draft).encode()).hexdigest()
         summary = f"{action.title()}s the draft of task {task_id} ({workflow})"
+        expires = opened + hours * 3600
         rows.approvals.append(
             f"{self.approval_id}\t{task_id}\t{task_id}\t0\tpending\t{action}\t{copy_text(summary)}"
             f"\t{jtext(draft)}\t{draft_hash}\t{draft_step}\t{send_back}\teditors\t[]\t{on_expiry}"
-            f"\tapi\t{ts(opened)}\t{ts(opened + hours * 3600)}\t\t\\N\t\t\\N\t\\N"
+            f"\tapi\t{ts(opened)}\t{ts(expires)}\t\t{NULL}\t\t{NULL}\t{NULL}"
         )
+        data = {
+            "steps": {str(task_id): [WAITING, 0, 0]}, "task_status": WAITING,
+            "request": self.approval_id, "revision": 0, "draft_hash": draft_hash,
+            "expires_at": datetime.fromtimestamp(expires, UTC).isoformat(),
+        }  # fmt: skip
+        self.event(rows, task_id, "approval_requested", "system", opened, data)
 
 
 COLUMNS = {
@@ -483,11 +487,12 @@ COLUMNS = {
     " cancel_requested_at, created_by_user_id",
     "tasks_app_step": "id, task_id, position, revision, kind, status, queue, priority, attempts,"
     " max_attempts, available_at, idempotency_key, fencing_token, lease_expires_at,"
-    " dispatched_at, result, last_error, error_class, started_at, finished_at, change_request,"
-    " error_fingerprint, dead_workflow",
-    "tasks_app_lease": "id, step_id, token, worker_id, acquired_at, expires_at, released_at,"
-    " outcome",
-    "tasks_app_event": "id, task_id, step_id, kind, actor, actor_user_id, reason, data, created_at",
+    " lease_worker, dispatched_at, result, last_error, error_class, started_at, finished_at,"
+    " change_request, error_fingerprint, dead_workflow",
+    "tasks_app_lease": "id, step_id, token, attempt, worker_id, acquired_at, expires_at,"
+    " released_at, outcome",
+    "tasks_app_event": "id, task_id, step_id, kind, actor, actor_user_id, reason, data, created_at,"
+    " chain_previous, chain_hash",
     "approvals_approvalrequest": "id, task_id, step_id, revision, status, action, summary, draft,"
     " draft_hash, draft_step, send_back_to, approver_group, approver_users, on_expiry,"
     " requested_by, created_at, expires_at, decided_by, decided_at, comment,"
@@ -551,7 +556,9 @@ def load(dsn: str, n: int, *, seed: int = 1) -> dict[str, Any]:
             cur.execute("SET synchronous_commit = off")
             # COPY FREEZE wants its table truncated in the same transaction. The events refuse
             # a TRUNCATE unless the database allows it (Server._create, in bench/databases.py).
-            cur.execute("TRUNCATE " + ", ".join([*tables, *rollup]) + " CASCADE")
+            # The payloads' search copy has no key to cascade from: a trigger fills it anew.
+            truncated = [*tables, *rollup, "tasks_app_payloadsearch"]
+            cur.execute("TRUNCATE " + ", ".join(truncated) + " CASCADE")
             for table in [*tables, *rollup]:
                 sql = f"COPY {table} ({COLUMNS[table]}) FROM STDIN WITH (FREEZE)"
                 with cur.copy(sql) as cp, spools[table].open("rb") as source:
@@ -584,22 +591,43 @@ def load(dsn: str, n: int, *, seed: int = 1) -> dict[str, Any]:
 
 
 def check(conn: psycopg.Connection[Any], the_plan: Plan, written: Counter[str]) -> None:
-    """The loaded rows against the plan: every table's count, the tasks per status."""
+    """The loaded rows against the plan: every table's count; the tasks per stored status (a
+    task whose step runs is stored ``pending``: DESIGN rule 11) and the steps per status (the
+    plan's); a step's status its task's, but a running one's; a Lease row for each attempt
+    that ended and none yet for a running one, whose live lease is on its step; no event
+    of a transition other rows record (``enqueued``, ``claimed``, ``succeeded``)."""
     problems = []
     for table, count in written.items():
         sql = f"SELECT count(*) FROM {table}"  # noqa: S608 (a table of COLUMNS)
         found = conn.execute(sql).fetchone()[0]  # type: ignore[index]
         if found != count:
             problems.append(f"{table}: {found} rows, wrote {count}")
-    rows = conn.execute("SELECT status, count(*) FROM tasks_app_task GROUP BY status").fetchall()
-    by_status = {str(status): int(count) for status, count in rows}
-    if by_status != the_plan.counts():
-        problems.append(f"tasks per status {by_status}, planned {the_plan.counts()}")
-    steps = conn.execute(
-        "SELECT count(*) FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id"
-        " WHERE s.status <> t.status"
-    ).fetchone()[0]  # type: ignore[index]
-    if steps:
-        problems.append(f"{steps} steps whose status differs from their task's")
+    planned = the_plan.counts()
+    stored = Counter(planned)
+    stored[PENDING] += stored.pop(RUNNING, 0)
+    for table, want in (("tasks_app_task", dict(+stored)), ("tasks_app_step", planned)):
+        sql = f"SELECT status, count(*) FROM {table} GROUP BY status"  # noqa: S608 (a constant)
+        found = {str(status): int(count) for status, count in conn.execute(sql).fetchall()}
+        if found != want:
+            problems.append(f"{table} per status {found}, planned {want}")
+    queries = {
+        "steps whose status is not their task's": "SELECT count(*) FROM tasks_app_step s"
+        " JOIN tasks_app_task t ON t.id = s.task_id"
+        " WHERE t.status <> CASE s.status WHEN 'running' THEN 'pending' ELSE s.status END",
+        "steps with a live lease that do not run, or running without one": "SELECT count(*)"
+        " FROM tasks_app_step WHERE (status = 'running')"
+        " <> (lease_worker <> '' AND lease_expires_at IS NOT NULL AND started_at IS NOT NULL)",
+        "Lease rows beyond the attempts that ended": "SELECT (SELECT count(*) FROM"
+        " tasks_app_lease) - (SELECT coalesce(sum(fencing_token), 0)"
+        " - count(*) FILTER (WHERE status = 'running') FROM tasks_app_step)",
+        "Lease rows without their attempt": "SELECT count(*) FROM tasks_app_lease"
+        " WHERE attempt <> token OR released_at IS NULL",
+        "events that other rows record": "SELECT count(*) FROM tasks_app_event"
+        " WHERE kind IN ('enqueued', 'claimed', 'succeeded')",
+    }
+    for what, sql in queries.items():
+        found = conn.execute(sql).fetchone()[0]  # type: ignore[index]
+        if found:
+            problems.append(f"{found} {what}")
     if problems:
         raise RuntimeError("the console data did not load as planned: " + "; ".join(problems))

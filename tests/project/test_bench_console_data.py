@@ -1,5 +1,7 @@
-"""The console cells' data (``bench/dataset.py``) carries the metrics counters of its
-history and the workflow figures' samples of them, as the sweeper would have taken them,
+"""The console cells' data (``bench/dataset.py``) is the rows the product writes (no event
+for what the task row and the attempts' Lease rows record, a running step's lease on the
+step), passes the product's invariant checks, and carries the metrics counters of its
+history and the workflow figures' samples of them, as the sweeper would have taken them;
 and the console cells time the workflow pages."""
 
 from __future__ import annotations
@@ -8,7 +10,65 @@ import json
 import time
 from collections import Counter
 
+import pytest
+from django.db import connection
+
 from bench import dataset, pages, report
+from tasks_app.history import audit_verify, timeline
+from tasks_app.models import Event, Lease, Step, Task
+from tasks_app.observability import invariants
+from tests.e2e_support import database_url
+
+# Each kind of task's history as the product reads it: (kind, read from the rows that
+# record it rather than from an Event row).
+ENQUEUED, CLAIMED, DONE = ("enqueued", True), ("claimed", True), ("succeeded", True)
+RETRIED = ("retry_scheduled", False)
+HISTORIES = {
+    "succeeded": [ENQUEUED, CLAIMED, DONE],
+    "succeeded twice claimed": [ENQUEUED, CLAIMED, RETRIED, CLAIMED, DONE],
+    "cancelled": [ENQUEUED, ("cancelled", False)],
+    "dead": [ENQUEUED, CLAIMED, RETRIED, CLAIMED, RETRIED, CLAIMED, ("dead_lettered", False)],
+    "pending": [ENQUEUED],
+    "running": [ENQUEUED, CLAIMED],
+    "waiting_approval": [ENQUEUED, ("approval_requested", False)],
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_data_is_what_the_product_writes_and_passes_its_checks() -> None:
+    info = dataset.load(database_url(connection.settings_dict), 2_000)
+    statuses = info["by_status"]
+
+    checked = invariants.check(since=None)
+    assert checked.findings == [] and checked.tasks_checked == 2_000
+    # The people's cancels are on the audit chain, which holds.
+    chain = audit_verify.verify()
+    assert chain.ok and chain.outside is None and chain.checked == statuses["cancelled"]
+
+    # DESIGN rule 11: no event for the enqueue, a claim or a worker's success; a running
+    # step's task is stored pending and reads as running, its live lease on the step.
+    assert not Event.objects.filter(kind__in=["enqueued", "claimed", "succeeded"]).exists()
+    assert not Task.objects.filter(status="running").exists()
+    assert Task.objects.in_status("running").count() == statuses["running"]
+    assert Task.objects.in_status("pending").count() == statuses["pending"]
+    running = Step.objects.filter(status="running")
+    assert not running.filter(lease_worker="").exists()
+    assert not Lease.objects.filter(step__in=running).exists()
+    assert not Step.objects.exclude(status="running").exclude(lease_worker="").exists()
+    # A Lease row per attempt that ended, with its attempt.
+    ended = sum(Step.objects.exclude(status="running").values_list("attempts", flat=True))
+    assert Lease.objects.count() == ended
+    assert not Lease.objects.filter(attempt__lt=1).exists()
+
+    first: dict[str, int] = {}
+    for pk, status, attempts in Step.objects.order_by("pk").values_list(
+        "task_id", "status", "attempts"
+    ):
+        first.setdefault(f"{status} twice claimed" if attempts == 2 else status, pk)
+    assert set(first) == set(HISTORIES)
+    for kind, pk in first.items():
+        read = [(str(entry.kind), entry.pk is None) for entry in timeline.history(pk)]
+        assert read == HISTORIES[kind], kind
 
 
 def test_the_counters_and_samples_add_up_to_the_history() -> None:
