@@ -1,0 +1,49 @@
+"""The hot path's statements reach their rows the way that stays cheap as history grows:
+a completion finds its steps by primary key, never through ``step_lease_idx``, whose
+entries for steps finished since the last vacuum a bitmap scan visits every time (it does
+not mark dead entries, as an index scan does), so each completion of a long drain cost
+more than the one before."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from tasks_app import services
+from tasks_app.engine import fastpath
+from tasks_app.engine.sql import COMPLETE_SQL
+
+pytestmark = pytest.mark.django_db
+
+
+def plan(sql: str, params: dict[str, Any]) -> str:
+    """The plan PostgreSQL chooses for ``sql`` (not run), as JSON text."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        return json.dumps(cursor.fetchone()[0])
+
+
+def test_a_completion_finds_its_steps_by_primary_key() -> None:
+    services.enqueue_many([{"workflow": "demo.noop", "payload": {"n": n}} for n in range(300)])
+    # The statistics as a drain's start leaves them: nothing running.
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_app_step")
+    with transaction.atomic():
+        claims = fastpath.claim_batch(worker_id="w1", limit=50, queue="default")
+    assert len(claims) == 50
+
+    chosen = plan(
+        COMPLETE_SQL,
+        {
+            "ids": [claim.step_id for claim in claims],
+            "tokens": [claim.token for claim in claims],
+            "results": [None] * len(claims),
+            "actors": ["worker:w1"] * len(claims),
+        },
+    )
+
+    assert "step_lease_idx" not in chosen
+    assert "tasks_app_step_pkey" in chosen
