@@ -216,7 +216,8 @@ _TASK_INSERT_VALUES = """id, workflow, version, payload, hash, key, queue, prior
 # restated in SQL.
 # One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
 # enqueue makes this wait for it, then skip) and all their steps. No `enqueued` event: the
-# task row and its first steps record the enqueue (tasks_app.history.timeline).
+# task row and its first steps record the enqueue (history.timeline.enqueued reads the
+# steps' first states, pending then blocked, as written here).
 # Ids are drawn first so every row maps back to its item, and rows go in key order so two
 # batches sharing keys queue on them in one order instead of deadlocking.
 INSERT_SQL = f"""

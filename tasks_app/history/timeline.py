@@ -74,7 +74,12 @@ HistoryEntry = Event | DerivedEvent
 
 
 def enqueued(task: Task, first_steps: Iterable[Step]) -> DerivedEvent:
-    """The enqueue ``task``'s row records, with its steps of revision 0 as it made them."""
+    """The enqueue ``task``'s row records, with its steps of revision 0 as it made them.
+
+    How the enqueue makes them is written twice, and read here: ``sql.INSERT_SQL`` (the
+    first ``pending``, the rest ``blocked``) and its ORM twin ``enqueueing._insert_with_orm``
+    (``states.new_step``, the first made due by ``states.make_due``). The fold check after
+    every test compares what this reads with the rows either writer stored."""
     return DerivedEvent(
         task_id=task.pk,
         step_id=None,

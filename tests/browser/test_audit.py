@@ -151,7 +151,7 @@ def test_an_auditor_filters_the_audit_log_reads_its_labels_and_exports_it(
     expect(page.locator("#results table")).to_have_count(0)
 
 
-def test_an_auditor_lists_the_claims_and_successes_and_exports_the_claims(
+def test_an_auditor_lists_the_enqueues_claims_and_successes_and_exports_the_claims(
     page: Page, auditor: User
 ) -> None:
     # Claims and successes are read from the attempts' records: the running claim, whose
@@ -177,6 +177,13 @@ def test_an_auditor_lists_the_claims_and_successes_and_exports_the_claims(
 
     apply_filter(page, Action="Succeeded")
     assert [(row["Task"], row["Label"]) for row in rows(page)] == [(f"#{done.pk}", "Succeeded")]
+
+    # Enqueues are read from the task rows: each task's, newest first, by its producer.
+    apply_filter(page, Action="Enqueued")
+    assert [(row["Task"], row["Label"], row["Actor"]) for row in rows(page)] == [
+        (f"#{running.pk}", "Enqueued", "cli:producer"),
+        (f"#{done.pk}", "Enqueued", "cli:producer"),
+    ]
 
     # The claims' export names each by its step and attempt token, not an event id.
     apply_filter(page, Action="Claimed")
