@@ -18,14 +18,14 @@ import collections
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 
 from tasks_app.access import SYSTEM
+from tasks_app.db import rows
 from tasks_app.db.deadlines import bounded
 from tasks_app.db.lock_conflicts import retry_lock_conflicts
 from tasks_app.engine import leases
@@ -118,33 +118,17 @@ def claim_batch(
             },
             prepare=True,
         )
-        rows = cursor.fetchall()
+        claimed = cursor.fetchall()
     claims = []
-    for row in rows:
-        step = _from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
-        step.task = _from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
+    for row in claimed:
+        step = rows.from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
+        # What `step.task = task` does, without the descriptor's checks.
+        _STEP_TASK.set_cached_value(
+            step, rows.from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
+        )
         claims.append(Claim.of(step, worker_id=worker_id, lease_seconds=lease, keep=True))
     counting.add(collections.Counter(f"{counting.CLAIMED}:{claim.queue}" for claim in claims))
     return claims
-
-
-def _from_row[M: models.Model](model: type[M], columns: Sequence[str], values: Sequence[Any]) -> M:
-    """A model instance from a row of ``columns`` read by hand, converted as the ORM would
-    (JSON columns arrive as text)."""
-    converted = list(values)
-    for index, convert in _converters(model, tuple(columns)):
-        converted[index] = convert(converted[index], None, connection)
-    return model.from_db(connection.alias, list(columns), converted)
-
-
-@cache
-def _converters(model: type[models.Model], columns: tuple[str, ...]) -> list[tuple[int, Any]]:
-    """Where in a row of ``columns`` a field turns the database's value into Python's."""
-    fields = {field.attname: field for field in model._meta.concrete_fields}
-    found = [
-        (index, getattr(fields[name], "from_db_value", None)) for index, name in enumerate(columns)
-    ]
-    return [(index, convert) for index, convert in found if convert is not None]
 
 
 def _claim_batch_one_by_one(
@@ -228,28 +212,21 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
         )
         cursor.execute(
             COMPLETE_SQL,
-            {
-                "ids": [claim.step_id for claim, _ in unique],
-                "tokens": [claim.token for claim, _ in unique],
-                # None is stored as SQL NULL, as the ORM stores it, not as JSON null.
-                "results": [
-                    None if result is None else json.dumps(result, allow_nan=False)
-                    for _, result in unique
-                ],
-                "actors": [f"worker:{claim.worker_id}" for claim, _ in unique],
-            },
+            completion_params(unique),
             prepare=True,
         )
-        rows = cursor.fetchall()
+        answer = cursor.fetchall()
         # A completion counts for the claim whose token holds the step, not for a stale
         # claim of the same step in the same call.
-        held = {(pk, int(token)) for what, pk, token, *_ in rows if what == "done"}
+        held = {(pk, int(token)) for what, pk, token, *_ in answer if what == "done"}
         _count_run_times(
-            unique, {pk: float(seconds) for what, pk, seconds, *_ in rows if what == "ran"}
+            unique, {pk: float(seconds) for what, pk, seconds, *_ in answer if what == "ran"}
         )
-        ring_on_commit([Doorbell(pk, queue) for what, pk, queue, *_ in rows if what == "next"])
+        ring_on_commit([Doorbell(pk, queue) for what, pk, queue, *_ in answer if what == "next"])
         settled = {
-            row[1]: _from_row(Task, TASK_COLUMNS, row[3:]) for row in rows if row[0] == "settled"
+            row[1]: rows.from_row(Task, TASK_COLUMNS, row[3:])
+            for row in answer
+            if row[0] == "settled"
         }
         announce_on_commit(((pk, task.status) for pk, task in settled.items()), rows=settled)
         # A task whose cancel was requested while its step ran ends with `cancelled`, after
@@ -265,6 +242,19 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
                 reason=leases.CANCELLED_WHILE_RUNNING,
             )
     return held
+
+
+def completion_params(done: Sequence[tuple[Claim, Any]]) -> dict[str, list[Any]]:
+    """``COMPLETE_SQL``'s parameters for ``done``, each claim with its result."""
+    return {
+        "ids": [claim.step_id for claim, _ in done],
+        "tokens": [claim.token for claim, _ in done],
+        # None is stored as SQL NULL, as the ORM stores it, not as JSON null.
+        "results": [
+            None if result is None else json.dumps(result, allow_nan=False) for _, result in done
+        ],
+        "actors": [f"worker:{claim.worker_id}" for claim, _ in done],
+    }
 
 
 def _count_run_times(unique: Sequence[tuple[Claim, Any]], seconds: dict[int, float]) -> None:
@@ -287,8 +277,8 @@ def queue_has_due_steps(queue: str) -> bool:
     return Step.objects.due().filter(queue=queue).exclude(paused_filter()).exists()
 
 
-# Model.from_db takes values in the order of the concrete fields.
 TASK_FIELDS = [field.attname for field in Task._meta.concrete_fields]
+_STEP_TASK = Step._meta.get_field("task")
 
 
 def insert_tasks(
@@ -300,7 +290,7 @@ def insert_tasks(
     by_index = dict(items)
     # Rows travel as one JSON document each for tasks and steps: encoding and decoding JSON
     # is far cheaper on both sides than a dozen parameter arrays.
-    rows = [
+    tasks = [
         {
             "ord": index,
             "workflow": item.workflow.name,
@@ -320,7 +310,7 @@ def insert_tasks(
         for position, spec in enumerate(item.workflow.steps)
     ]
     params = {
-        "items": json.dumps(rows, ensure_ascii=False),
+        "items": json.dumps(tasks, ensure_ascii=False),
         "steps": json.dumps(steps),
         "author": author,
         "user": user_id,
@@ -332,7 +322,6 @@ def insert_tasks(
     bells: list[Doorbell] = []
     for index, pk, created_at, first_step, available_at in inserted:
         item = by_index[index]
-        # from_db: the row as the database holds it, without Model.__init__'s cost.
         row = {
             "id": pk,
             "workflow": item.workflow.name,
@@ -350,7 +339,7 @@ def insert_tasks(
             "finished_at": None,
             "cancel_requested_at": None,
         }
-        task = Task.from_db(connection.alias, TASK_FIELDS, [row[name] for name in TASK_FIELDS])
+        task = rows.instance(Task, TASK_FIELDS, [row[name] for name in TASK_FIELDS])
         created[index] = task
         countdown = max((available_at - created_at).total_seconds(), 0.0)
         bells.append(Doorbell(first_step, item.queue, countdown))
