@@ -190,6 +190,9 @@ WITH input AS (
         FROM done JOIN input i ON i.id = done.id AND i.token = done.fencing_token
              JOIN outcome ON outcome.id = done.task_id
              JOIN nxt ON nxt.task_id = done.task_id
+        -- Checked once, first: a batch that made no next step due (one-step tasks) skips
+        -- the joins above, which the planner nests (it guesses one row per CTE).
+        WHERE EXISTS (SELECT 1 FROM nxt)
     ) AS e
     ORDER BY task_id
 )
