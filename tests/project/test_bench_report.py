@@ -98,12 +98,9 @@ def test_one_variant_alone_is_its_family_at_its_best() -> None:
 def test_the_targets_of_this_round() -> None:
     texts = {t.text: (t.metric, t.other, t.bound, t.at_least) for t in report.TARGETS}
     times = report.TIMES
-    assert texts[f"drain, 2 workers: US ≥ 1.2{times} PGQ (better)"] == (
-        "drain_c2",
-        report.BEST_PGQ,
-        1.2,
-        True,
-    )
+    # PgQueuer at each batch size, as the issue's table sets them.
+    assert texts[f"drain, 2 workers: US ≥ 1.0{times} PGQ b100"] == ("drain_c2", "pgq100", 1.0, True)
+    assert texts[f"drain, 2 workers: US ≥ 2.5{times} PGQ b10"] == ("drain_c2", "pgq", 2.5, True)
     for other, name in (("dbos", "DBOS"), ("dtdb", "DTDB"), ("celery", "CELERY")):
         assert texts[f"drain, 2 workers: US ≥ 10{times} {name}"] == ("drain_c2", other, 10.0, True)
     assert texts[f"drain, 2 workers: US ≥ 10{times} PROC (better)"][1:] == (
@@ -112,7 +109,13 @@ def test_the_targets_of_this_round() -> None:
         True,
     )
     assert texts[f"single enqueue: US ≥ 1{times} PGQ"][1:] == (report.BEST_PGQ, 1.0, True)
-    assert texts[f"bulk enqueue: US ≥ 1{times} PGQ"][1:] == (report.BEST_PGQ, 1.0, True)
+    assert texts[f"bulk enqueue: US ≥ 0.8{times} PGQ"][1:] == (report.BEST_PGQ, 0.8, True)
+    assert texts[f"CPU per executed step, server and workers: US ≤ 1.2{times} PGQ (better)"] == (
+        "cpu_per_step",
+        report.BEST_PGQ,
+        1.2,
+        False,
+    )
     assert texts[f"WAL per executed step: US ≤ 1.3{times} PGQ (better)"] == (
         "wal_per_step",
         report.BEST_PGQ,
@@ -138,7 +141,7 @@ def test_the_targets_of_this_round() -> None:
     ]
 
 
-def test_targets_against_pgq_use_its_better_batch_size() -> None:
+def test_the_drain_is_held_against_each_pgq_batch_size_and_the_wal_against_its_better() -> None:
     out = result(
         [
             drain("us", 2, 6_000.0, wal_bytes_per_step=4_000.0, commits_per_step=0.04),
@@ -150,9 +153,12 @@ def test_targets_against_pgq_use_its_better_batch_size() -> None:
         ["us", "pgq", "pgq100", "dbos", "dtdb"],
     )
     times = report.TIMES
-    pgq = target(out, f"drain, 2 workers: US ≥ 1.2{times} PGQ (better)")
-    assert pgq["value"] == pytest.approx(1.5)
-    assert pgq["ok"] is True
+    b100 = target(out, f"drain, 2 workers: US ≥ 1.0{times} PGQ b100")
+    assert b100["value"] == pytest.approx(1.5)
+    assert b100["ok"] is True
+    b10 = target(out, f"drain, 2 workers: US ≥ 2.5{times} PGQ b10")
+    assert b10["value"] == pytest.approx(3.0)
+    assert b10["ok"] is True
     assert target(out, f"drain, 2 workers: US ≥ 10{times} DBOS")["ok"] is True
     dtdb = target(out, f"drain, 2 workers: US ≥ 10{times} DTDB")
     assert dtdb["value"] == pytest.approx(6_000 / 700)
@@ -301,3 +307,22 @@ def test_a_task_run_twice_or_not_at_all_fails_the_drain(tmp_path: Path) -> None:
     assert ok == "tasks = 1000; succeeded = 1000; claimed more than once = 0"
     with pytest.raises(NotExactlyOnce, match="succeeded: 999, expected 1000; claimed more"):
         system._expect(_Row((1_000, 999, 1)), "SELECT", checks)  # type: ignore[arg-type]
+
+
+def test_cpu_per_step_is_the_servers_and_the_workers_together() -> None:
+    cells = [
+        drain("us", 2, 9000.0, db_cpu_us_per_step=90.0, worker_cpu_us_per_step=60.0),
+        drain("pgq100", 2, 19000.0, db_cpu_us_per_step=50.0, worker_cpu_us_per_step=40.0),
+        # A run whose workers' CPU could not be read has no total.
+        drain("pgq", 2, 6000.0, db_cpu_us_per_step=140.0),
+    ]
+    summary = report.summarize(report.collect(cells))
+    report.add_best(summary, MODE)
+
+    assert summary["cpu_per_step"]["us"]["median"] == 150.0
+    assert summary["cpu_per_step"]["pgq_best"]["median"] == 90.0
+    assert "pgq" not in summary["cpu_per_step"]
+    out = report.evaluate(summary, MODE)
+    row = next(r for r in out if r["metric"] == "cpu_per_step")
+    assert row["value"] == pytest.approx(150.0 / 90.0)
+    assert row["ok"] is False
