@@ -44,6 +44,7 @@ from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history import counting
 from tasks_app.models import EventKind, Step, Task, TaskStatus
+from tasks_app.models.json_columns import strict_json
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -250,9 +251,7 @@ def completion_params(done: Sequence[tuple[Claim, Any]]) -> dict[str, list[Any]]
         "ids": [claim.step_id for claim, _ in done],
         "tokens": [claim.token for claim, _ in done],
         # None is stored as SQL NULL, as the ORM stores it, not as JSON null.
-        "results": [
-            None if result is None else json.dumps(result, allow_nan=False) for _, result in done
-        ],
+        "results": [None if result is None else strict_json(result) for _, result in done],
         "actors": [f"worker:{claim.worker_id}" for claim, _ in done],
     }
 

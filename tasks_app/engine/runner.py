@@ -4,7 +4,6 @@ of each outcome (DESIGN rule 6); the leases are renewed meanwhile by
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -34,7 +33,7 @@ from tasks_app.exceptions import (
     error_text,
 )
 from tasks_app.models import Step, Task
-from tasks_app.models.json_columns import first_undecodable
+from tasks_app.models.json_columns import first_undecodable, strict_json
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ def _run_one(claim: leases.Claim, step: Step) -> Any:
         _retry(claim, spec, exc)
     else:
         try:
-            json.dumps(result, allow_nan=False)
+            strict_json(result)
         except (TypeError, ValueError) as exc:
             _dead(claim, "invalid_result", f"handler result is not JSON: {exc}", "permanent_error")
         else:

@@ -20,6 +20,10 @@ from typing import Any
 
 from django.db import models
 
+# JSON text of a value, refusing NaN and infinities (which PostgreSQL's jsonb rejects):
+# ``json.dumps(value, allow_nan=False)`` without building an encoder per call.
+strict_json = json.JSONEncoder(allow_nan=False).encode
+
 
 @dataclass(frozen=True)
 class Undecodable:
