@@ -1,11 +1,13 @@
 """Batched claims and completions: the workers' hot path.
 
 Same guarantees as :func:`leases.claim_step` and :func:`leases.complete_step`, for many
-steps per transaction. A claim is still a conditional, fenced write with its Lease and
-Event; a completion still checks the token and writes its Event with the change. On
-PostgreSQL each is one transaction of one or two statements (``tasks_app.engine.sql``); on SQLite
-(the embedded mode), or with the fast path switched off (``transitions.fast_path_enabled``), they
-run the one-step services in a loop.
+steps per transaction. A claim is still a conditional, fenced write; a completion still
+checks the token and records the attempt with the change. On PostgreSQL each is one
+statement (``tasks_app.engine.sql``), run in autocommit: atomic on its own, without the
+round trips of BEGIN and COMMIT. Only a completion whose task's cancel was requested while
+its step ran takes a transaction, for the task's ``cancelled`` event. On SQLite (the
+embedded mode), or with the fast path switched off (``transitions.fast_path_enabled``),
+they run the one-step services in a loop.
 
 Lock order stays task row, then step row: a batch claim locks both with SKIP LOCKED, so it
 never waits on a cancel or a completion that holds the task, and a batch completion locks
@@ -34,7 +36,6 @@ from tasks_app.engine.leases import Claim
 from tasks_app.engine.sql import (
     COMPLETE_SQL,
     INSERT_SQL,
-    LOCK_TASKS_SQL,
     STEP_COLUMNS,
     TASK_COLUMNS,
     claim_sql,
@@ -194,8 +195,19 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
             first[(claim.step_id, claim.token)] = (claim, result)
     unique = list(first.values())
     # The sweeper never waits on a step row, but people and other paths may: a deadlock
-    # lost here is tried again rather than leaving the whole batch to expire.
-    held = retry_lock_conflicts(lambda: _complete(unique), what="a batch completion")
+    # lost here is tried again rather than leaving the whole batch to expire. Each of the
+    # two calls commits on its own, so each is tried again on its own.
+    held, deferred = retry_lock_conflicts(
+        lambda: _complete(unique, cancelled=False), what="a batch completion"
+    )
+    if deferred:
+        # Tasks whose cancel was requested while their steps ran: rare, and recorded in a
+        # transaction with their `cancelled` events.
+        rest = [(claim, result) for claim, result in unique if claim.step_id in deferred]
+        more, _ = retry_lock_conflicts(
+            lambda: _complete(rest, cancelled=True), what="a batch completion"
+        )
+        held |= more
     for claim, _ in unique:
         if (claim.step_id, claim.token) not in held:
             leases.reject_stale(claim, "complete")
@@ -204,18 +216,19 @@ def complete_many(done: Sequence[tuple[Claim, Any]]) -> set[int]:
     return {step_id for step_id, _ in held}
 
 
-def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
-    """One transaction recording ``unique`` (one claim per step and token); returns the
-    (step, token) pairs accepted."""
-    with transaction.atomic(), _cursor() as cursor:
-        cursor.execute(
-            LOCK_TASKS_SQL, [sorted({claim.task_id for claim, _ in unique})], prepare=True
-        )
-        cursor.execute(
-            COMPLETE_SQL,
-            completion_params(unique),
-            prepare=True,
-        )
+def _complete(
+    unique: Sequence[tuple[Claim, Any]], *, cancelled: bool
+) -> tuple[set[tuple[int, int]], set[int]]:
+    """Record ``unique`` (one claim per step and token) in one statement; returns the
+    (step, token) pairs accepted and the steps deferred: those whose task's cancel was
+    requested, unless ``cancelled``, which records them with their tasks' ``cancelled``
+    events, in one transaction.
+
+    The statement alone is atomic: outside a transaction it runs in autocommit, without the
+    round trips of BEGIN and COMMIT."""
+    atomic = transaction.atomic() if cancelled or connection.in_atomic_block else nullcontext()
+    with atomic, _cursor() as cursor:
+        cursor.execute(COMPLETE_SQL, completion_params(unique, cancelled=cancelled), prepare=True)
         answer = cursor.fetchall()
         # A completion counts for the claim whose token holds the step, not for a stale
         # claim of the same step in the same call.
@@ -232,7 +245,7 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
         announce_on_commit(((pk, task.status) for pk, task in settled.items()), rows=settled)
         # A task whose cancel was requested while its step ran ends with `cancelled`, after
         # its `succeeded`, as complete_step writes it: an operator event, so it joins the
-        # audit chain (record_event also logs and counts it). Rare: most batches have none.
+        # audit chain (record_event also logs and counts it).
         for _, task in sorted(settled.items()):
             record_ending(
                 task,
@@ -242,12 +255,14 @@ def _complete(unique: Sequence[tuple[Claim, Any]]) -> set[tuple[int, int]]:
                 actor=SYSTEM,
                 reason=leases.CANCELLED_WHILE_RUNNING,
             )
-    return held
+    return held, {pk for what, pk, *_ in answer if what == "deferred"}
 
 
-def completion_params(done: Sequence[tuple[Claim, Any]]) -> dict[str, list[Any]]:
+def completion_params(done: Sequence[tuple[Claim, Any]], *, cancelled: bool) -> dict[str, Any]:
     """``COMPLETE_SQL``'s parameters for ``done``, each claim with its result."""
     return {
+        "tasks": sorted({claim.task_id for claim, _ in done}),
+        "cancelled": cancelled,
         "ids": [claim.step_id for claim, _ in done],
         "tokens": [claim.token for claim, _ in done],
         # None is stored as SQL NULL, as the ORM stores it, not as JSON null.

@@ -99,10 +99,6 @@ def claim_sql(limit: int) -> str:
     return _CLAIM_SQL.replace("{limit}", str(int(limit)))
 
 
-# ORM twin: transitions.lock_task, for many tasks in id order.
-LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
-
-
 # ORM twin: leases.complete_step, that is states.end_attempt for a success. "What a success
 # leads to" is states.after_success (here: the blocked step at the next position; the
 # runner sends a success for which transitions.leads_to_approval holds through
@@ -110,17 +106,26 @@ LOCK_TASKS_SQL = "SELECT id FROM tasks_app_task WHERE id = ANY(%s) ORDER BY id F
 # history.events.step_state's, and the attempt's events are end_attempt's (its event here;
 # the task's ending event, states.record_ending, written by fastpath.complete_many after
 # this statement).
-# One statement after the tasks are locked: fenced success for every step still held by
-# its token, each attempt's Lease row written, the next step of each task made due (unless a cancel was
-# requested), task status settled, and a `succeeded` event for each step whose success made
-# the next step due (the Lease row records the success itself: history.timeline; the next
-# step's change is the event's). The `cancelled`
-# event of a task whose cancel was requested meanwhile is an operator event, chained
-# (audit_chain): fastpath.complete_many writes it after this statement, as complete_step does.
+# One statement: lock the tasks in id order (transitions.lock_task's order, for many:
+# every writer locks a task row before its step rows), then the fenced success for every
+# step still held by its token, each attempt's Lease row written, the next step of each
+# task made due (unless a cancel was requested), task status settled, and a `succeeded`
+# event for each step whose success made the next step due (the Lease row records the
+# success itself: history.timeline; the next step's change is the event's).
+# A task whose cancel was requested while its step ran ends `cancelled`, whose event is an
+# operator event, chained (audit_chain), written in Python in the same transaction: with
+# %(cancelled)s false (the statement runs alone, in autocommit) such steps are left as they
+# are and returned as `deferred`, for fastpath.complete_many to record in a transaction of
+# their own, with %(cancelled)s true.
 # The task columns of a row that is not a settled task's (typed by the first branch).
 _NO_TASK = ", ".join(["NULL"] * len(TASK_COLUMNS))
 COMPLETE_SQL = f"""
-WITH input AS (
+WITH locked AS MATERIALIZED (
+    -- Each task as it is once locked: a cancel committed while this waited for the lock is
+    -- seen here, where the statement's snapshot (taken before) would miss it.
+    SELECT id, cancel_requested_at FROM tasks_app_task
+    WHERE id = ANY(%(tasks)s::bigint[]) ORDER BY id FOR UPDATE
+), input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[], %(actors)s::text[])
         AS i(id, token, result, actor)
 ), held AS (
@@ -136,6 +141,11 @@ WITH input AS (
     -- for the steps finished since the last vacuum it would visit on every completion
     -- (the statistics, taken while few steps run, make that partial index look tiny).
     WHERE s.id = i.id AND s.fencing_token = i.token AND s.status || '' = 'running'
+      -- Every task is locked before any step is: checked once, before the first step.
+      AND (SELECT count(*) FROM locked) >= 0
+      AND (%(cancelled)s OR NOT EXISTS (
+          SELECT 1 FROM locked l WHERE l.id = s.task_id AND l.cancel_requested_at IS NOT NULL
+      ))
     RETURNING s.id, s.task_id, s.position, s.attempts, s.fencing_token, s.started_at
 ), released AS (
     -- The attempt's record (attempt_records.close_lease); a lease an earlier release opened
@@ -151,7 +161,7 @@ WITH input AS (
     UPDATE tasks_app_step n
     SET status = 'pending', available_at = statement_timestamp(),
         dispatched_at = statement_timestamp()
-    FROM done JOIN tasks_app_task t ON t.id = done.task_id
+    FROM done JOIN locked t ON t.id = done.task_id
     WHERE n.task_id = done.task_id AND n.position = done.position + 1 AND n.status = 'blocked'
       AND t.cancel_requested_at IS NULL
     RETURNING n.id, n.task_id, n.queue, n.attempts, n.fencing_token
@@ -159,7 +169,7 @@ WITH input AS (
     SELECT done.task_id AS id,
            CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN nxt.id IS NULL THEN 'succeeded' ELSE 'pending' END AS status
-    FROM done JOIN tasks_app_task t ON t.id = done.task_id
+    FROM done JOIN locked t ON t.id = done.task_id
          LEFT JOIN nxt ON nxt.task_id = done.task_id
 ), settled AS (
     -- Only a task whose row changes is written: a success that makes the next step due
@@ -205,6 +215,10 @@ SELECT 'next', id, queue, {_NO_TASK} FROM nxt
 UNION ALL
 SELECT 'ran', id, extract(epoch FROM statement_timestamp() - started_at)::text, {_NO_TASK}
 FROM done
+UNION ALL
+SELECT 'deferred', s.id, i.token::text, {_NO_TASK}
+FROM input i JOIN tasks_app_step s ON s.id = i.id JOIN locked l ON l.id = s.task_id
+WHERE NOT %(cancelled)s AND l.cancel_requested_at IS NOT NULL
 """  # noqa: S608 (the column names are constants, not input)
 
 

@@ -35,7 +35,10 @@ def test_a_completion_finds_its_steps_by_primary_key() -> None:
         claims = fastpath.claim_batch(worker_id="w1", limit=50, queue="default")
     assert len(claims) == 50
 
-    chosen = plan(COMPLETE_SQL, fastpath.completion_params([(claim, None) for claim in claims]))
+    chosen = plan(
+        COMPLETE_SQL,
+        fastpath.completion_params([(claim, None) for claim in claims], cancelled=False),
+    )
 
     assert "step_lease_idx" not in chosen
     assert "tasks_app_step_pkey" in chosen

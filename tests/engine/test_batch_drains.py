@@ -352,7 +352,8 @@ def test_a_renewal_racing_the_batchs_own_completion_is_not_recorded_as_a_stale_w
         Step.objects.select_for_update().get(pk=step.pk)
         thread.start()
         wait_for(
-            lambda: any("WITH input AS" in query for query in _waiting_statements()),
+            # The completion statement opens with its task locks (its text is cut short here).
+            lambda: any("WITH locked AS" in query for query in _waiting_statements()),
             timeout=20,
             interval=0.01,
             what="the completion to reach the step row",
@@ -372,3 +373,37 @@ def test_a_renewal_racing_the_batchs_own_completion_is_not_recorded_as_a_stale_w
     assert not errors
     assert fresh(step).status == StepStatus.SUCCEEDED
     assert event_kinds(step.task) == ["enqueued", "claimed", "succeeded"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_committed_while_the_completion_waits_for_its_task_is_seen_by_it() -> None:
+    # The completion is one statement whose snapshot is taken before it waits for the task
+    # locks: it must read the cancel from the locked row, not from that snapshot.
+    cancelled, other = noops(2)
+    claims = fastpath.claim_batch(worker_id=WORKER, limit=2, queue="default")
+    assert {claim.step_id for claim in claims} == {cancelled.pk, other.pk}
+    errors: list[BaseException] = []
+    accepted: set[int] = set()
+
+    thread = worker_thread(
+        lambda: accepted.update(fastpath.complete_many([(claim, None) for claim in claims])),
+        errors,
+    )
+    with transaction.atomic():
+        services.cancel(cancelled.task, actor="cli:t", reason="withdrawn")
+        thread.start()
+        wait_for(
+            lambda: any("WITH locked AS" in query for query in _waiting_statements()),
+            timeout=20,
+            interval=0.01,
+            what="the completion to wait for the task's lock",
+        )
+    thread.join(timeout=30)
+
+    assert not thread.is_alive()
+    assert not errors
+    assert accepted == {cancelled.pk, other.pk}
+    assert Task.objects.get(pk=cancelled.task_id).status == TaskStatus.CANCELLED
+    assert event_kinds(cancelled.task)[-3:] == ["cancel_requested", "succeeded", "cancelled"]
+    assert Task.objects.get(pk=other.task_id).status == TaskStatus.SUCCEEDED
+    assert EventKind.STALE_WRITE_REJECTED not in event_kinds(other.task)
