@@ -128,6 +128,10 @@ class System:
     def expected_ready(self, n: int) -> int:
         return n
 
+    def worker_env(self, *, barrier: bool) -> dict[str, str]:
+        """What a worker process's environment adds to the harness's."""
+        return {}
+
     def executing_pids(self, group: ProcessGroup) -> list[int]:
         """The processes that run the tasks (prefork children, or the worker processes)."""
         return group.pids
@@ -232,6 +236,7 @@ class _CeleryBased(System):
         group = self.ctx.new_group(f"{self.key}-c{n}")
         env = dict(self.ctx.env)
         env[ENV_READY_DIR] = str(group.ready_dir)
+        env.update(self.worker_env(barrier=barrier))
         node = f"bench-{self.key}-{os.getpid()}-{group.folder.name}@%h"
         argv = [self.ctx.celery, "-A", "config", "worker", "-c", str(n), "-n", node]
         group.spawn([*argv, *CELERY_FLAGS, *self.extra_args], env)
@@ -445,9 +450,6 @@ class _GoFileBased(System):
         released = time.time()
         (group.folder / "go").touch()
         return released
-
-    def worker_env(self, *, barrier: bool) -> dict[str, str]:
-        return {}
 
 
 class Proc(_GoFileBased):
