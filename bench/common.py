@@ -29,6 +29,11 @@ ENV_DSN = "BENCH_DSN"  # libpq URI of the bench database (procrastinate, raw)
 ENV_READY_DIR = "BENCH_READY_DIR"  # workers drop "<pid>.ready" here once they can work
 ENV_PROC_CONCURRENCY = "BENCH_PROC_CONCURRENCY"  # a procrastinate worker's concurrency
 ENV_GO_FILE = "BENCH_GO_FILE"  # procrastinate/raw workers wait for this file to exist
+# The faults cell's workers: PgQueuer registers its job with an effect; procrastinate
+# retries the jobs of workers silent this many seconds, looking this often.
+ENV_PGQ_EFFECT = "BENCH_PGQ_EFFECT"
+ENV_PROC_STALLED = "BENCH_PROC_STALLED_SECONDS"
+ENV_PROC_RETRY_EVERY = "BENCH_PROC_RETRY_EVERY"
 
 
 def wait_for[T](

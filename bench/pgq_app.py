@@ -23,9 +23,13 @@ from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
 
-from bench.common import ENV_DSN, mark_ready, wait_for_go
+from bench import fake_remote
+from bench.common import ENV_DSN, ENV_PGQ_EFFECT, mark_ready, wait_for_go
 
 ENTRYPOINT = "bench_noop"
+# The faults cell's job: records its run, applies its effect to the fake remote
+# (bench/fake_remote.py) and works a little more, as a PgQueuer user writes one.
+EFFECT_ENTRYPOINT = "bench_effect"
 
 
 @asynccontextmanager
@@ -38,6 +42,14 @@ async def create() -> AsyncIterator[PgQueuer]:
         @pgq.entrypoint(ENTRYPOINT)  # type: ignore[untyped-decorator]
         async def noop(job: Job) -> None:
             return None
+
+        if os.environ.get(ENV_PGQ_EFFECT):
+            # Only there: another entrypoint would widen every other cell's dequeue.
+            @pgq.entrypoint(EFFECT_ENTRYPOINT)  # type: ignore[untyped-decorator]
+            async def effect(job: Job) -> None:
+                fake_remote.record_run(job.id)
+                fake_remote.apply(f"job-{job.id}")
+                await asyncio.sleep(fake_remote.WORK_SECONDS)
 
         mark_ready()
         await asyncio.to_thread(wait_for_go)
