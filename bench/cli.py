@@ -7,7 +7,8 @@ dropped at the end) and uses Redis keys under a prefix of its own (deleted at th
 runs every cell for every system in a shuffled order per run, then the console cells
 (``bench/pages.py``: two pages timed over two data sets, ``bench/dataset.py``, each in a
 database of its own, ``bench_console_<tasks>``, built in the first run, dropped at the
-end), after the last run the scale cells once (``bench/scale_cells.py``), and writes
+end), after the last run the scale cells once (``bench/scale_cells.py``), then the horizon
+and faults cells once (``bench/horizon_cells.py``), and writes
 ``bench/results/<timestamp>[-quick].{json,md}`` (and, in full mode, the table into
 ``docs/performance.md``). Every process it starts is stopped, also on error; every wait
 has a deadline, and the whole run has a time budget after which cells are skipped.
@@ -40,11 +41,11 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import report, scale_cells
+from bench import horizon_cells, report, scale_cells
 from bench.cells import MODES, Bench, Mode
 from bench.common import BENCH_DIR, ROOT, scalar
 from bench.console_cells import CONSOLE_PAGES, Console
-from bench.databases import Server, discover, prepare_database, with_database
+from bench.databases import LockLost, Server, discover, prepare_database, with_database
 from bench.environment import code_fingerprint, environment, git_state
 from bench.peers import Dbos, Dtdb, Pgq, Pgq100
 from bench.procs import stop_all
@@ -60,7 +61,7 @@ SYSTEMS: dict[str, type[System]] = {
     for cls in (Us, UsProcfile, PlainCelery, Proc10, Proc, Pgq, Pgq100, Dbos, Dtdb, Raw)
 }
 ORDER = ["us", "procfile", "celery", "proc10", "pgq", "pgq100", "dbos", "dtdb"]
-ALL_CELLS = ("enqueue", "drain", "latency", "console", "scale")
+ALL_CELLS = ("enqueue", "drain", "latency", "console", "scale", "horizon", "faults")
 RESULTS_DIR = BENCH_DIR / "results"
 DOCS = ROOT / "docs" / "performance.md"
 
@@ -96,7 +97,8 @@ def parse_args(argv: list[str] | None) -> Options:
         "--cells",
         default=",".join(ALL_CELLS),
         help="comma-separated subset of the cells (console: only with the system us; "
-        "scale: once per harness run, for us and pgq unless --systems names others)",
+        "scale: once per harness run, for us and pgq unless --systems names others; "
+        "horizon and faults: once per harness run, for us, proc10 and pgq of those named)",
     )
     parser.add_argument("--senders", type=int, help="override the open loop's sender threads")
     parser.add_argument(
@@ -145,7 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     # A last resort past the budget and the longest cell: unwind and clean up.
     signal.signal(signal.SIGALRM, _on_sigterm)
     scale_keys = scale_cells.select(options.systems, ORDER) if "scale" in options.cells else []
-    signal.alarm(int(mode.budget) + 900 + scale_cells.alarm_allowance(mode.name, len(scale_keys)))
+    horizon_keys = (
+        horizon_cells.select(options.systems) if {"horizon", "faults"} & options.cells else []
+    )
+    signal.alarm(
+        int(mode.budget)
+        + 900
+        + scale_cells.alarm_allowance(mode.name, len(scale_keys))
+        + horizon_cells.alarm_allowance(mode.name, len(horizon_keys))
+    )
     database_url, redis_url = discover()
     bench_url = with_database(database_url, BENCH_DB)
     admin_url = with_database(database_url, "postgres")
@@ -189,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     code_at_start = code_fingerprint()
+    horizon_order: list[str] = []
     try:
         server.drop_others()
         server.create()
@@ -207,6 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         # Once per harness run, after the last run's cells (each takes minutes at full size).
         scale_systems = [SYSTEMS[key](ctx) for key in scale_keys]
         results += scale_cells.run(bench, scale_systems, mode.runs, unavailable)
+
+        def reconnect_server() -> None:
+            """After the faults cell restarted PostgreSQL: the maintenance connection (and
+            the run's lock it holds) made again."""
+            server.relock()
+            stats.conn = server.conn
+
+        horizon_results, horizon_order = horizon_cells.run(
+            bench, horizon_keys, options.cells, options.seed, reconnect_server, unavailable
+        )
+        results += horizon_results
+    except LockLost as exc:
+        print(f"bench: {exc}; stopped, leaving its database alone", file=sys.stderr)
+        return 2
     finally:
         clean_up(server, ctx)
 
@@ -224,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "systems": options.systems,
             "seed": options.seed,
             "orders": orders,
+            "horizon_order": horizon_order,
             "git": git_state(),
             "code_at_start": code_at_start,
             "code_at_end": code_fingerprint(),

@@ -37,6 +37,12 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
+class LockLost(BaseException):
+    """Another run took the bench lock while PostgreSQL restarted: the bench database is
+    now that run's, so this one stops at once, touching nothing of it (a BaseException, so
+    no cell keeps it as its failure and goes on)."""
+
+
 class Server:
     """The maintenance connection: holds the bench lock, creates and drops the bench
     database and the console data sets' (a database cannot be created or dropped from a
@@ -45,16 +51,40 @@ class Server:
     def __init__(self, admin_dsn: str, db_name: str) -> None:
         self.db_name = db_name
         self.others: list[str] = []  # the console data sets' databases
+        self.admin_dsn = admin_dsn
+        self.locked = False
         self.conn = psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5)
 
     def lock(self) -> bool:
-        return bool(scalar(self.conn, "SELECT pg_try_advisory_lock(%s)", LOCK_KEY))
+        self.locked = bool(scalar(self.conn, "SELECT pg_try_advisory_lock(%s)", LOCK_KEY))
+        return self.locked
+
+    def relock(self, timeout: float = 120) -> None:
+        """After the server restarted (the faults cell): a new maintenance connection and
+        the run's lock again, tried every few milliseconds from the moment the server takes
+        connections, so a run waiting for the lock has next to no chance to take it first;
+        ``LockLost`` if one did."""
+        self.close()
+        self.locked = False
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.conn = psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=1)
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+        if not self.lock():
+            raise LockLost("another benchmark run took the lock while PostgreSQL restarted")
 
     def create(self) -> None:
         self.drop()
         self._create(self.db_name)
 
     def drop(self) -> None:
+        if not self.locked:
+            return  # not this run's to drop (the lock was lost)
         self.conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
 
     def create_other(self, name: str) -> None:
@@ -73,6 +103,8 @@ class Server:
     def drop_others(self) -> None:
         """This run's other databases, and any a killed run left behind (we hold the
         lock: no other run is using them)."""
+        if not self.locked:
+            return
         rows = self.conn.execute(
             "SELECT datname FROM pg_database WHERE datname ~ %s", (CONSOLE_DB_PATTERN,)
         ).fetchall()

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import horizon_report
+from bench.horizon_report import EFFECTS_TWICE, HORIZON_CELLS, LOST
+
 # Every system's column, in the table's order; a run shows the columns of the systems it
 # ran (PROC c1 and RAW only when --systems names them).
 SYSTEM_LABELS = {
@@ -56,6 +59,9 @@ CONSOLE_BOUND = 1.5  # the large set's time over the small set's, per page
 BURNDOWN = "burndown"
 HELD_SNAPSHOT = "held_snapshot"
 SCALE_CELLS = (BURNDOWN, HELD_SNAPSHOT)
+# Cells with tables of their own, outside the metric table (the horizon and faults cells'
+# are bench/horizon_report.py's).
+OWN_TABLES = (*SCALE_CELLS, *HORIZON_CELLS)
 
 START_MARK = "<!-- bench:start -->"
 END_MARK = "<!-- bench:end -->"
@@ -261,6 +267,9 @@ def collect(cells: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[float]]
             add(f"console_{page}_small", system, cell.get("small_ms"))
             add(f"console_{page}_large", system, cell.get("large_ms"))
             add(f"console_{page}_ratio", system, cell.get("ratio"))
+        elif cell["cell"] == horizon_report.FAULTS:
+            add(LOST, system, cell.get("lost"))
+            add(EFFECTS_TWICE, system, cell.get("effects_twice"))
         elif cell["cell"] == "latency":
             for rate, result in cell.get("rates", {}).items():
                 if result.get("error"):
@@ -315,6 +324,7 @@ class Target:
     at_least: bool  # ratio (or value) must be >= bound; else <=
     ratio: bool = False  # an absolute bound on a ratio US's cell measured (shown as one)
     ours: str = "us"  # the system measured against ``other``
+    digits: int = 2  # decimals shown
 
 
 TARGETS = [
@@ -378,6 +388,15 @@ TARGETS = [
         )
         for page, title in CONSOLE_PAGES.items()
     ],
+    Target(
+        "effects applied twice after repeated kills (faults cell): US = 0",
+        EFFECTS_TWICE,
+        None,
+        0.0,
+        False,
+        digits=0,
+    ),
+    Target("jobs lost (faults cell): US = 0", LOST, None, 0.0, False, digits=0),
 ]
 
 
@@ -413,6 +432,7 @@ def evaluate(
                 "value": value,
                 "ok": ok,
                 "ratio": target.ratio,
+                "digits": target.digits,
             }
         )
     return out
@@ -439,10 +459,14 @@ def markdown(result: dict[str, Any]) -> str:
     summary = result["summary"]
     runs = mode["runs"]
     # A run of the console cells alone (or of none of them) leaves out the other's rows;
-    # a run of the scale cells alone leaves out both, and the targets.
+    # a run of the scale cells alone leaves out both, and the targets; the horizon and
+    # faults cells' targets show when those cells ran.
     kinds = {
-        cell["cell"] == "console" for cell in result["cells"] if cell["cell"] not in SCALE_CELLS
+        cell["cell"] == "console" for cell in result["cells"] if cell["cell"] not in OWN_TABLES
     } or (set() if result["cells"] else {True, False})
+    horizon_ran = not result["cells"] or any(
+        cell["cell"] in HORIZON_CELLS for cell in result["cells"]
+    )
     lines = [
         f"**{mode['name']} run** of {meta['started']} ({meta['duration_s']:.0f} s, "
         f"{runs} run{'s' if runs > 1 else ''}"
@@ -478,17 +502,25 @@ def markdown(result: dict[str, Any]) -> str:
 
     lines += console_table(result)
     lines += scale_tables(result)
-    if kinds:
+    lines += horizon_report.tables(result, SYSTEM_LABELS)
+    shown_targets = [
+        target
+        for target in result["targets"]
+        if (
+            horizon_ran
+            if target["metric"] in (LOST, EFFECTS_TWICE)
+            else target["metric"].startswith("console_") in kinds
+        )
+    ]
+    if shown_targets:
         lines += ["", "| target (same run) | measured | |", "|---|--:|:-:|"]
-    for target in result["targets"]:
-        if target["metric"].startswith("console_") not in kinds:
-            continue
+    for target in shown_targets:
         value = target["value"]
         if value is None:
             shown, mark = DASH, "?"
         else:
             times = target["against"] is not None or target.get("ratio")
-            shown = f"{value:.2f}{TIMES}" if times else f"{value:.2f}"
+            shown = f"{value:.{target.get('digits', 2)}f}" + (TIMES if times else "")
             mark = "✓" if target["ok"] else "✗"
         lines.append(f"| {target['target']} | {shown} | {mark} |")
 
