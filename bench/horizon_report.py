@@ -104,6 +104,11 @@ def phase_rows(cells: list[Mapping[str, Any]], labels: Mapping[str, str]) -> lis
     return lines
 
 
+def _measured(cells: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The first cell that measured something (its settings head the table)."""
+    return next((cell for cell in cells if "phases" in cell), cells[0])
+
+
 def tables(result: Mapping[str, Any], labels: Mapping[str, str]) -> list[str]:
     """Both cells' tables, each system in the labels' order; nothing when neither ran."""
     order = list(labels)
@@ -119,7 +124,8 @@ def tables(result: Mapping[str, Any], labels: Mapping[str, str]) -> list[str]:
     )
     horizon = ran(HORIZON)
     if horizon:
-        rate = horizon[0].get("rate", 0)
+        first = _measured(horizon)
+        rate = first.get("rate", 0)
         lines += [
             "",
             header.format(f"horizon: a producer at {rate:,.0f}/s, 2 worker processes"),
@@ -132,13 +138,14 @@ def tables(result: Mapping[str, Any], labels: Mapping[str, str]) -> list[str]:
             if "phases" in c
         ]
         if lost:
-            settle = horizon[0].get("settle_limit_s", 0)
+            settle = first.get("settle_limit_s", 0)
             lines += ["", f"- jobs lost in it (not finished {settle:g} s after the producer "
                       f"stopped): {', '.join(lost)}"]  # fmt: skip
     faults = ran(FAULTS)
     if faults:
-        rate = faults[0].get("rate", 0)
-        lease = faults[0].get("lease_s", 0)
+        first = _measured(faults)
+        rate = first.get("rate", 0)
+        lease = first.get("lease_s", 0)
         lines += [
             "",
             header.format(
@@ -148,7 +155,7 @@ def tables(result: Mapping[str, Any], labels: Mapping[str, str]) -> list[str]:
             "|---|---|--:|--:|--:|--:|--:|--:|",
             *phase_rows(faults, labels),
             "",
-            f"| faults, counted {faults[0].get('settle_limit_s', 0):g} s at most after the "
+            f"| faults, counted {first.get('settle_limit_s', 0):g} s at most after the "
             "producer stopped | jobs lost | failed | run more than once "
             "| effects applied twice | workers killed / restarted on exit "
             "| backends terminated | failed sends |",

@@ -328,16 +328,19 @@ def test_the_targets_judge_us_alone() -> None:
 def test_a_failed_cell_keeps_its_rows_and_is_named_among_the_problems() -> None:
     failed = {
         "run": 3,
-        "system": "pgq",
+        "system": "us",
         "cell": FAULTS,
         "workers": 2,
         "error": "Traceback …\nRuntimeError: the producer exited 1",
     }
-    text = report.markdown(result([faults_cell("us"), failed]))
+    text = report.markdown(result([failed, faults_cell("pgq")]))
     lines = text.splitlines()
-    assert f"| failed (see the problems) | {PGQ} |" + f" {D} |" * 6 in lines
-    assert f"| {PGQ} |" + f" {D} |" * 7 in lines
-    assert f"- run 3 {PGQ} faults c2: RuntimeError: the producer exited 1" in lines
+    # The table's heading comes from the cell that measured.
+    assert any(line.startswith("| faults: a producer at 50/s") for line in lines)
+    assert "| failed (see the problems) | US |" + f" {D} |" * 6 in lines
+    assert "| US |" + f" {D} |" * 7 in lines
+    assert "- run 3 US faults c2: RuntimeError: the producer exited 1" in lines
+    assert f"| {LOST_TARGET} | {D} | ? |" in lines
 
 
 def test_the_system_cells_alone_leave_out_the_faults_targets() -> None:
