@@ -70,7 +70,10 @@ class LeaseKeeper:
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
                 self._thread.start()
-        self._wake.set()
+        # The thread looks again at least every MAX_WAIT_SECONDS: woken only when one of
+        # these leases is due sooner (leases of a few seconds), not once per batch.
+        if min((claim.lease_seconds for claim in claims), default=0) / 3 < MAX_WAIT_SECONDS:
+            self._wake.set()
 
     def started(self, claim: leases.Claim, ctx: StepContext, timeout: float | None) -> None:
         with self._lock:
@@ -91,7 +94,7 @@ class LeaseKeeper:
             with self._lock:
                 watched = list(self._watched.values())
             now = time.monotonic()
-            wait = 1.0
+            wait = MAX_WAIT_SECONDS
             for item in watched:
                 if now >= self._next_beat(item):
                     with self._renewing:
@@ -182,6 +185,8 @@ class LeaseKeeper:
             connections["default"].close()
 
 
+# The longest the thread waits before it looks at its leases again.
+MAX_WAIT_SECONDS = 1.0
 # A failed renewal is tried again after a delay that doubles from the first figure up to
 # the second (or a sixth of the lease, if shorter), half of it random.
 RENEWAL_RETRY_BASE_SECONDS = 0.05
