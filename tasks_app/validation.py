@@ -74,18 +74,77 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
     every rule it breaks at once (:func:`tasks_app.exceptions.all_of`).
 
     1. The top value is a dict (a JSON object).
-    2. Walk it iteratively (no recursion, so a deep payload cannot blow the stack),
-       checking depth, key types, strings, numbers and that every value is a JSON type;
-       a value too deep is not walked further.
-    3. Stop after :data:`MAX_ERRORS` broken rules.
-    4. If it broke none of those, serialise canonically and check the size in UTF-8 bytes.
+    2. One walk that stops at the first thing it doubts (:func:`_plainly_valid`): the
+       payloads producers send pass it. The strings are checked on the canonical text
+       instead: its UTF-8 encoding (which the size check needs anyway) finds a lone
+       surrogate, and JSON writes a NUL as ``\\u0000``.
+    3. A payload in doubt is walked again by :func:`payload_errors`, which names where
+       each broken rule is, up to :data:`MAX_ERRORS`.
+    4. The canonical form's size in UTF-8 bytes is checked last.
     """
+    if not isinstance(payload, dict):
+        raise _bad(field, "object", "must be a JSON object")
+    if not _plainly_valid(payload):
+        refuse_all(payload_errors(payload, field=field))
+    canonical = canonical_json(payload)
+    try:
+        size = len(canonical.encode("utf-8"))
+    except UnicodeEncodeError:
+        size = None
+    if size is None or "\\u0000" in canonical:
+        # A lone surrogate or a NUL somewhere (or a string that spells one out): say where.
+        refuse_all(payload_errors(payload, field=field))
+    if size is None:
+        raise _bad(field, "valid_unicode", "contains a lone surrogate")
+    if size > MAX_PAYLOAD_BYTES:
+        raise _bad(field, "max_bytes", f"canonical JSON is larger than {MAX_PAYLOAD_BYTES} bytes")
+    return canonical
+
+
+def _bad(field: str, rule: str, message: str) -> InvalidPayload:
+    return InvalidPayload(field, rule, f"{field}: {message}")
+
+
+def _plainly_valid(payload: dict[Any, Any]) -> bool:
+    """Whether the structure and numbers of ``payload`` keep every rule (strings aside):
+    a walk that keeps no paths and stops at the first doubt."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            continue
+        if kind is dict:
+            if depth > MAX_DEPTH:
+                return False
+            for key, item in value.items():
+                if type(key) is not str:
+                    return False
+                stack.append((item, depth + 1))
+        elif kind is list:
+            if depth > MAX_DEPTH:
+                return False
+            stack.extend((item, depth + 1) for item in value)
+        elif kind is int:
+            if value.bit_length() > MAX_INT_BITS:
+                return False
+        elif kind is float:
+            if not math.isfinite(value) or abs(value) >= MAX_JSON_FLOAT:
+                return False
+        else:
+            # Subclasses and every other type: the full walk decides.
+            return False
+    return True
+
+
+def payload_errors(payload: dict[Any, Any], *, field: str = "payload") -> list[InvalidInput]:
+    """Every rule ``payload`` breaks (up to :data:`MAX_ERRORS`), each saying where: the walk
+    of a payload :func:`validate_payload` doubts. Iterative (no recursion, so a deep
+    payload cannot blow the stack); a value too deep is not walked further."""
 
     def bad(rule: str, message: str) -> InvalidPayload:
         return InvalidPayload(field, rule, f"{field}: {message}")
 
-    if not isinstance(payload, dict):
-        raise bad("object", "must be a JSON object")
     errors: list[InvalidInput] = []
     stack: list[tuple[Any, int, str]] = [(payload, 1, "$")]
     while stack and len(errors) < MAX_ERRORS:
@@ -135,11 +194,7 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
                     f"{where} is a {type(value).__name__}, which does not round-trip through JSON",
                 )
             )
-    refuse_all(errors)
-    canonical = canonical_json(payload)
-    if len(canonical.encode("utf-8")) > MAX_PAYLOAD_BYTES:
-        raise bad("max_bytes", f"canonical JSON is larger than {MAX_PAYLOAD_BYTES} bytes")
-    return canonical
+    return errors
 
 
 def validate_idempotency_key(key: Any) -> str | None:
