@@ -36,6 +36,8 @@ class EnqueueResult:
 class PreparedItem:
     workflow: Workflow
     payload: dict[str, Any]
+    # The payload's canonical JSON text, which the insert sends as it is.
+    canonical: str
     payload_hash: str
     idempotency_key: str | None
     queue: str
@@ -91,6 +93,7 @@ def _prepare(
         workflow=flow,
         # The stored payload is exactly what the canonical form says.
         payload=json.loads(canonical),
+        canonical=canonical,
         payload_hash=validation.payload_hash(flow.name, canonical),
         idempotency_key=key,
         queue=checked_queue,

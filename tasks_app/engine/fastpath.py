@@ -62,6 +62,8 @@ class Insertable(Protocol):
     @property
     def payload(self) -> dict[str, Any]: ...
     @property
+    def canonical(self) -> str: ...
+    @property
     def payload_hash(self) -> str: ...
     @property
     def idempotency_key(self) -> str | None: ...
@@ -292,6 +294,7 @@ def queue_has_due_steps(queue: str) -> bool:
 
 
 TASK_FIELDS = [field.attname for field in Task._meta.concrete_fields]
+_row_json = json.JSONEncoder(ensure_ascii=False).encode
 _STEP_TASK = Step._meta.get_field("task")
 
 
@@ -304,27 +307,32 @@ def insert_tasks(
     by_index = dict(items)
     # Rows travel as one JSON document each for tasks and steps: encoding and decoding JSON
     # is far cheaper on both sides than a dozen parameter arrays.
-    tasks = [
-        {
-            "ord": index,
-            "workflow": item.workflow.name,
-            "version": item.workflow.version,
-            "payload": item.payload,
-            "hash": item.payload_hash,
-            "key": item.idempotency_key,
-            "queue": item.queue,
-            "priority": item.priority,
-            "run_after": item.run_after.isoformat() if item.run_after else None,
-        }
+    # Each payload's canonical text goes in as it is, not encoded again.
+    tasks = ",".join(
+        _row_json(
+            {
+                "ord": index,
+                "workflow": item.workflow.name,
+                "version": item.workflow.version,
+                "hash": item.payload_hash,
+                "key": item.idempotency_key,
+                "queue": item.queue,
+                "priority": item.priority,
+                "run_after": item.run_after.isoformat() if item.run_after else None,
+            }
+        )[:-1]
+        + ',"payload":'
+        + item.canonical
+        + "}"
         for index, item in items
-    ]
+    )
     steps = [
         {"ord": index, "position": position, "kind": spec.kind, "max_attempts": spec.max_attempts}
         for index, item in items
         for position, spec in enumerate(item.workflow.steps)
     ]
     params = {
-        "items": json.dumps(tasks, ensure_ascii=False),
+        "items": f"[{tasks}]",
         "steps": json.dumps(steps),
         "author": author,
         "user": user_id,
