@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -41,8 +42,34 @@ class App(Celery):
         return self.subclass_with_self("tasks_app.integrations.programs:Beat")  # type: ignore[arg-type]
 
 
+class _CelerySettings(Mapping[str, Any]):
+    """Django's ``CELERY_*`` settings as a plain mapping, read once on first use.
+
+    Celery looks each of its settings up under several names on every message it sends; on
+    Django's settings object each name it lacks raises and catches an AttributeError, which
+    made the lookups a good part of a doorbell's cost. Settings do not change while a
+    process runs (``app.conf.update`` still does, above this mapping)."""
+
+    @cached_property
+    def _values(self) -> dict[str, Any]:
+        from django.conf import settings
+
+        return {
+            name: getattr(settings, name) for name in dir(settings) if name.startswith("CELERY_")
+        }
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
 app = App("config")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+app.config_from_object(_CelerySettings(), namespace="CELERY")
 app.autodiscover_tasks()
 
 

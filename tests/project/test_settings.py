@@ -259,6 +259,21 @@ def test_a_worker_without_q_consumes_every_queue_and_the_sweeper_has_its_own() -
     assert isinstance(visibility, int) and visibility > settings.TASKS_LEASE_SECONDS
 
 
+def test_celery_reads_every_celery_setting_of_django() -> None:
+    from django.conf import settings
+
+    from config.celery import app
+
+    names = [name for name in dir(settings) if name.startswith("CELERY_")]
+    assert "CELERY_TASK_ACKS_LATE" in names
+    for name in names:
+        key = name.removeprefix("CELERY_").lower()
+        assert app.conf[key] == getattr(settings, name), key
+    # Celery's own defaults fill what Django's settings do not set.
+    assert "CELERY_BROKER_POOL_LIMIT" not in names
+    assert app.conf.broker_pool_limit == 10
+
+
 REDIS = "redis://127.0.0.1:6379/0"
 
 
