@@ -13,13 +13,14 @@ import json
 import statistics
 import subprocess
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bench import report
 from bench.common import ROOT, wait_for
-from bench.procs import ProcessGroup, cpu_seconds, cpu_used, named
+from bench.procs import ProcessGroup, cpu_seconds, cpu_used, named, stop_all
 from bench.server_stats import CountingConnection, ServerStats
 from bench.systems import Ctx, Progress, System
 
@@ -367,3 +368,32 @@ class Bench:
 def _median_mib(processes: list[dict[str, int]], field: str) -> float | None:
     values = [p[field] for p in processes if field in p]
     return statistics.median(values) / 1024 if values else None
+
+
+def measure_once(
+    cell: dict[str, Any],
+    label: str,
+    *,
+    skipped: str | None,
+    measure: Callable[[], dict[str, Any]],
+    reset: Callable[[], None],
+    brief: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:
+    """One cell of those run once per harness run (the scale, horizon and faults cells):
+    ``skipped`` with its reason, or measured; a failure is kept in the cell, its processes
+    stopped and its system ``reset``, and the run goes on. Prints one line either way."""
+    if skipped:
+        cell["skipped"] = skipped
+        print(f"{label}: skipped ({skipped[:120]})", flush=True)
+        return cell
+    began = time.monotonic()
+    try:
+        cell.update(measure())
+    except Exception as exc:
+        cell["error"] = "".join(traceback.format_exception(exc))[-6000:]
+        stop_all()
+        with contextlib.suppress(Exception):
+            reset()
+    cell["seconds"] = time.monotonic() - began
+    print(f"{label}: {brief(cell)} ({cell['seconds']:.1f} s)", flush=True)
+    return cell

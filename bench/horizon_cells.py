@@ -17,18 +17,17 @@ the hot tables' dead tuples (``bench/horizon_run.py``); the figures are worked o
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import random
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import fake_remote, horizon_phases
-from bench.cells import Bench
+from bench.cells import Bench, measure_once
 from bench.disturbances import Workers
 from bench.horizon_report import FAULTS, HORIZON, WARMUP, brief
 from bench.horizon_run import (
@@ -45,7 +44,7 @@ from bench.horizon_run import (
     settle,
 )
 from bench.horizon_systems import FAULT_SYSTEMS, QUEUES, SYSTEMS, Lease, horizon_system
-from bench.procs import ProcessGroup, stop_all
+from bench.procs import ProcessGroup
 from bench.scale_cells import SCALE_MODES
 from bench.systems import System
 
@@ -149,22 +148,18 @@ def run(
             skipped = unavailable.get(key)
             if time.monotonic() - bench.started > budget:
                 skipped = "time budget"
-            if skipped:
-                cell["skipped"] = skipped
-                print(f"{label}: skipped ({skipped[:120]})", flush=True)
-                cells.append(cell)
-                continue
-            began = time.monotonic()
-            try:
-                cell.update(measures[name](bench, key, hmode, reconnect_server, rng))
-            except Exception as exc:
-                cell["error"] = "".join(traceback.format_exception(exc))[-6000:]
-                stop_all()
-                with contextlib.suppress(Exception):
-                    horizon_system(bench.ctx, key).reset()
-            cell["seconds"] = time.monotonic() - began
-            print(f"{label}: {brief(cell)} ({cell['seconds']:.1f} s)", flush=True)
-            cells.append(cell)
+            cells.append(
+                measure_once(
+                    cell,
+                    label,
+                    skipped=skipped,
+                    measure=functools.partial(
+                        measures[name], bench, key, hmode, reconnect_server, rng
+                    ),
+                    reset=horizon_system(bench.ctx, key).reset,
+                    brief=brief,
+                )
+            )
     return cells, order
 
 

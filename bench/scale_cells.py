@@ -19,10 +19,10 @@ to US and PgQueuer, or to every system ``--systems`` names.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.cells import Bench
-from bench.procs import stop_all
+from bench.cells import Bench, measure_once
 from bench.report import BURNDOWN, HELD_SNAPSHOT
 from bench.systems import Progress, System
 
@@ -120,22 +119,16 @@ def run(
             skipped = unavailable.get(system.key)
             if time.monotonic() - bench.started > bench.mode.budget + scale.budget:
                 skipped = "time budget"
-            if skipped:
-                cell["skipped"] = skipped
-                print(f"{label}: skipped ({skipped[:120]})", flush=True)
-                cells.append(cell)
-                continue
-            began = time.monotonic()
-            try:
-                cell.update(measure(bench, system, scale))
-            except Exception as exc:
-                cell["error"] = "".join(traceback.format_exception(exc))[-6000:]
-                stop_all()
-                with contextlib.suppress(Exception):
-                    system.reset()
-            cell["seconds"] = time.monotonic() - began
-            print(f"{label}: {brief(cell)} ({cell['seconds']:.1f} s)", flush=True)
-            cells.append(cell)
+            cells.append(
+                measure_once(
+                    cell,
+                    label,
+                    skipped=skipped,
+                    measure=functools.partial(measure, bench, system, scale),
+                    reset=system.reset,
+                    brief=brief,
+                )
+            )
     return cells
 
 
