@@ -3,12 +3,14 @@ would build: same attributes, saved state, usable as any instance."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
 
 from tasks_app.db import rows
+from tasks_app.engine import fastpath
 from tasks_app.engine.sql import STEP_COLUMNS, TASK_COLUMNS
 from tasks_app.models import Step, Task
 from tests.factories import enqueued
@@ -56,3 +58,17 @@ def test_a_step_built_from_its_row_saves_and_follows_its_task() -> None:
 def test_a_row_without_every_field_is_refused() -> None:
     with pytest.raises(ValueError, match="every concrete field"):
         rows.from_row(Task, TASK_COLUMNS[:-1], [None] * (len(TASK_COLUMNS) - 1))
+
+
+def test_a_claimed_step_and_its_task_read_as_the_orm_reads_them() -> None:
+    # The hot path's cursor reads timestamps with psycopg's own loader, not Django's.
+    task = enqueued("demo.noop", {"n": 1})
+    [claim] = fastpath.claim_batch(worker_id="w1", limit=1, queue="default")
+    assert claim.step is not None
+
+    step = Step.objects.get(pk=claim.step_id)
+    assert _fields(claim.step) == _fields(step)
+    assert _fields(claim.step.task) == _fields(Task.objects.get(pk=task.pk))
+    assert claim.step.started_at is not None
+    assert claim.step.started_at.utcoffset() == timedelta(0)
+    assert claim.step.started_at.tzinfo == step.started_at.tzinfo
