@@ -69,6 +69,6 @@ def test_a_claimed_step_and_its_task_read_as_the_orm_reads_them() -> None:
     step = Step.objects.get(pk=claim.step_id)
     assert _fields(claim.step) == _fields(step)
     assert _fields(claim.step.task) == _fields(Task.objects.get(pk=task.pk))
-    assert claim.step.started_at is not None
+    assert claim.step.started_at is not None and step.started_at is not None
     assert claim.step.started_at.utcoffset() == timedelta(0)
     assert claim.step.started_at.tzinfo == step.started_at.tzinfo
