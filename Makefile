@@ -27,7 +27,7 @@ help:
 	@echo "make chaos  the fault drills: workers, Redis and PostgreSQL killed and restarted"
 	@echo "make lint   ruff and mypy"
 	@echo "make docker-check  build the container image and run its processes (skips without Docker)"
-	@echo "make bench  the full benchmark (about 40 min); make bench-quick: every cell, small N"
+	@echo "make bench  the full benchmark (about an hour); make bench-quick: every cell, small N"
 
 $(PY):
 	@python=$$(scripts/find-python.sh) && echo "Using $$python" && "$$python" -m venv $(VENV)
