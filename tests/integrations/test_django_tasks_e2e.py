@@ -173,8 +173,13 @@ def test_one_worker_runs_a_prefilled_queue_by_priority(worker: Worker, signal_lo
     started = [line for line in logged if line["id"] in ids and line["signal"] == "started"]
     assert len(started) == len(results)
     # A worker process claims the highest priority due at the time of each claim: what one
-    # process runs goes from the highest priority down.
+    # process runs goes from the highest priority down, the highest first. With two pool
+    # processes woken together (the sweeper's doorbell and the node's backstop both name
+    # the highest), the other may claim the next one while the highest is held and log its
+    # start a moment earlier, so the order across processes is not the claims' order.
+    firsts = []
     for pid in {line["pid"] for line in started}:
         priorities = [line["priority"] for line in started if line["pid"] == pid]
         assert all(a >= b for a, b in pairwise(priorities)), priorities
-    assert started[0]["priority"] == 90
+        firsts.append(priorities[0])
+    assert 90 in firsts
