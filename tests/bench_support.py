@@ -7,6 +7,23 @@ from typing import Any
 
 from bench import report
 
+# The full mode's sizes, as bench/cells.py's MODES gives them to a results document.
+FULL_MODE: dict[str, Any] = {
+    "name": "full",
+    "runs": 3,
+    "single_n": 5_000,
+    "bulk_n": 50_000,
+    "batch": 1_000,
+    "drain_n": 10_000,
+    "workers": [1, 2, 4],
+    "rates": [50, 200, 500],
+    "latency_seconds": 6.0,
+    "senders": 4,
+    "console_sizes": [10_000, 1_000_000],
+    "console_gets": 20,
+    "console_warmup": 5,
+}
+
 
 def bench_result(
     cells: list[dict[str, Any]],

@@ -15,23 +15,9 @@ from bench.disturbances import socket_ports
 from bench.horizon_phases import Window
 from bench.horizon_report import FAULTS, HORIZON
 from bench.phase_producer import due_times
-from tests.bench_support import bench_result
+from tests.bench_support import FULL_MODE, bench_result
 
-MODE: dict[str, Any] = {
-    "name": "full",
-    "runs": 3,
-    "single_n": 5_000,
-    "bulk_n": 50_000,
-    "batch": 1_000,
-    "drain_n": 10_000,
-    "workers": [1, 2, 4],
-    "rates": [50, 200, 500],
-    "latency_seconds": 6.0,
-    "senders": 4,
-    "console_sizes": [10_000, 1_000_000],
-    "console_gets": 20,
-    "console_warmup": 5,
-}
+MODE = FULL_MODE
 US, PROC, PGQ = (report.SYSTEM_LABELS[key] for key in ("us", "proc10", "pgq"))
 D = report.DASH
 LOST_TARGET = "jobs lost (faults cell): US = 0"
