@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench import report, scale_cells
+from bench import cells, report, scale_cells
 from tests.bench_support import FULL_MODE, bench_result
 
 MODE = FULL_MODE
@@ -163,3 +163,49 @@ def test_scale_cells_beside_the_system_cells_leave_their_tables_as_they_were() -
     assert any(line.startswith("| metric |") for line in text.splitlines())
     assert any(line.startswith("| target") for line in text.splitlines())
     assert "| burn-down of 1,000,000" in text
+
+
+def test_a_cell_run_once_is_skipped_measured_or_kept_failed_and_the_run_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    resets: list[str] = []
+
+    def brief(cell: dict[str, Any]) -> str:
+        return "ERROR" if cell.get("error") else f"{cell['rate']}/s"
+
+    def failing() -> dict[str, Any]:
+        raise RuntimeError("the workers never came up")
+
+    skipped = cells.measure_once(
+        {"cell": "burndown"},
+        "scale US burndown",
+        skipped="time budget",
+        measure=lambda: {"rate": 1.0},
+        reset=lambda: resets.append("skipped"),
+        brief=brief,
+    )
+    measured = cells.measure_once(
+        {"cell": "burndown"},
+        "scale US burndown",
+        skipped=None,
+        measure=lambda: {"rate": 5898},
+        reset=lambda: resets.append("measured"),
+        brief=brief,
+    )
+    failed = cells.measure_once(
+        {"cell": "burndown"},
+        "scale PGQ burndown",
+        skipped=None,
+        measure=failing,
+        reset=lambda: resets.append("failed"),
+        brief=brief,
+    )
+
+    assert skipped == {"cell": "burndown", "skipped": "time budget"}
+    assert measured["rate"] == 5898 and "error" not in measured and measured["seconds"] >= 0
+    assert "RuntimeError: the workers never came up" in failed["error"]
+    assert resets == ["failed"]  # only a failure resets its system
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "scale US burndown: skipped (time budget)"
+    assert printed[1].startswith("scale US burndown: 5898/s (")
+    assert printed[2].startswith("scale PGQ burndown: ERROR (")
