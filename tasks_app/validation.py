@@ -74,7 +74,7 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
     every rule it breaks at once (:func:`tasks_app.exceptions.all_of`).
 
     1. The top value is a dict (a JSON object).
-    2. One walk that stops at the first thing it doubts (:func:`_plainly_valid`): the
+    2. One walk that stops at the first thing it doubts (:func:`plainly_valid`): the
        payloads producers send pass it. The strings are checked on the canonical text
        instead: its UTF-8 encoding (which the size check needs anyway) finds a lone
        surrogate, and JSON writes a NUL as ``\\u0000``.
@@ -84,7 +84,7 @@ def validate_payload(payload: Any, *, field: str = "payload") -> str:
     """
     if not isinstance(payload, dict):
         raise _bad(field, "object", "must be a JSON object")
-    if not _plainly_valid(payload):
+    if not plainly_valid(payload):
         refuse_all(payload_errors(payload, field=field))
     canonical = canonical_json(payload)
     try:
@@ -105,7 +105,7 @@ def _bad(field: str, rule: str, message: str) -> InvalidPayload:
     return InvalidPayload(field, rule, f"{field}: {message}")
 
 
-def _plainly_valid(payload: dict[Any, Any]) -> bool:
+def plainly_valid(payload: dict[Any, Any]) -> bool:
     """Whether the structure and numbers of ``payload`` keep every rule (strings aside):
     a walk that keeps no paths and stops at the first doubt."""
     stack: list[tuple[Any, int]] = [(payload, 1)]

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from tasks_app import services
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import Event, EventKind, Task, TaskStatus
-from tasks_app.validation import MAX_DEPTH, canonical_json
+from tasks_app.validation import MAX_DEPTH, canonical_json, payload_errors, plainly_valid
 from tests.bad_input_strategies import (
     Bad,
     Call,
@@ -44,6 +44,7 @@ from tests.bad_input_strategies import (
     json_objects,
     json_text,
     stored,
+    structurally_bad,
 )
 from tests.console_support import login
 from tests.factories import dead_task
@@ -205,3 +206,24 @@ def test_a_valid_payload_is_stored_as_its_canonical_json_and_a_repeat_is_the_sam
     again = services.enqueue("demo.noop", dict(reversed(payload.items())), idempotency_key=key)
     assert (again.created, again.task.pk) == (False, first.task.pk)
     assert stored() == (tasks + 1, steps + 1, events)
+
+
+@examples(200)
+@given(
+    case=json_objects.flatmap(lambda payload: structurally_bad(payload, python=True))
+    | json_objects.map(lambda payload: (payload, None))
+)
+def test_the_quick_walk_passes_nothing_the_full_walk_refuses_but_what_the_text_shows(
+    case: tuple[Any, str | None],
+) -> None:
+    # validation.plainly_valid is payload_errors' twin for the payloads producers send: what
+    # it passes, the full walk may refuse only for a NUL or a lone surrogate in a string,
+    # which the canonical text shows, or for a size, which is checked on that text.
+    payload, rule = case
+    if not isinstance(payload, dict):
+        return
+    found = {error.rule for error in payload_errors(payload)}
+    if plainly_valid(payload):
+        assert found <= {"no_nul", "valid_unicode"}, (rule, found)
+    if rule is not None and rule != "max_bytes":
+        assert rule in found
