@@ -3,16 +3,16 @@
 The database is the source of truth: nothing but ``tasks_app.services`` writes a status
 field, and every transition is written beside its :class:`Event` in one transaction.
 
-The tables live in modules of one concern each: ``work`` (tasks, steps, their statuses and
-leases), ``effect_ledger`` (the external writes), ``events`` (the history and the audit
-chain's checkpoints) and ``system_state`` (queue switches, counters, heartbeats, workflow
-samples). Their public names are re-exported here, so ``from tasks_app.models import Task``
-is the one way in.
+The tables live in modules of one concern each: ``work`` (tasks and steps), ``attempts``
+(each attempt's Lease row), ``effect_ledger`` (the external writes), ``events`` (the
+history and the audit chain's checkpoints) and ``system_state`` (queue switches, counters,
+heartbeats, workflow samples). Their public names are re-exported here, so
+``from tasks_app.models import Task`` is the one way in.
 """
 
 from __future__ import annotations
 
-from tasks_app.models.attempts import leases_of
+from tasks_app.models.attempts import Lease, leases_of
 from tasks_app.models.effect_ledger import Effect
 from tasks_app.models.events import (
     OPERATOR_EVENT_KINDS,
@@ -37,7 +37,6 @@ from tasks_app.models.statuses import (
 from tasks_app.models.system_state import Counter, Heartbeat, QueueState, WorkflowSample
 from tasks_app.models.work import (
     AWAITING_VERSION_Q,
-    Lease,
     PayloadSearch,
     Step,
     StepQuerySet,
