@@ -1,6 +1,6 @@
 """Signals the core sends for apps that build on it (the core imports none of them), and
 for producers that want to hear how their tasks end (sent by
-``tasks_app.engine.states.announce_on_commit``)."""
+``tasks_app.engine.announcements.announce_on_commit``)."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ from tasks_app.db import rows
 from tasks_app.db.deadlines import bounded
 from tasks_app.db.lock_conflicts import retry_lock_conflicts
 from tasks_app.engine import leases
+from tasks_app.engine.announcements import announce_on_commit
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim
 from tasks_app.engine.sql import (
@@ -41,7 +42,7 @@ from tasks_app.engine.sql import (
     TASK_COLUMNS,
     claim_sql,
 )
-from tasks_app.engine.states import announce_on_commit, record_ending
+from tasks_app.engine.states import record_ending
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history import counting

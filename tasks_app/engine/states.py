@@ -22,16 +22,16 @@ speed, and ``tests/engine/test_parity.py`` compares the two.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models.functions import Now
 
 from tasks_app.access import SYSTEM, Actor
 from tasks_app.db.clock import db_now, now_plus
+from tasks_app.engine.announcements import announce_on_commit
 from tasks_app.engine.attempt_records import close_lease
 from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell
 from tasks_app.engine.transitions import is_approval
@@ -46,7 +46,6 @@ from tasks_app.models import (
     TaskStatus,
     stored_task_status,
 )
-from tasks_app.signals import ENDING_SIGNALS
 
 logger = logging.getLogger(__name__)
 
@@ -367,33 +366,3 @@ def record_ending(
         task=task,
         task_status=status,
     )
-
-
-def announce_on_commit(
-    changes: Iterable[tuple[int, str]], *, rows: Mapping[int, Task] | None = None
-) -> None:
-    """Send the ending signal of each ``(task id, new status)`` once the transaction
-    commits (``tasks_app.signals``). Callers pass only statuses that just changed, and the
-    tasks as they leave them in ``rows`` when they have them (the rest are read then)."""
-    outcomes = [(pk, status) for pk, status in changes if status in ENDING_SIGNALS]
-    # The hot path pays nothing when nobody listens.
-    if outcomes and any(ENDING_SIGNALS[status].has_listeners(Task) for _, status in outcomes):
-        transaction.on_commit(lambda: _announce(outcomes, rows or {}), robust=True)
-
-
-def _announce(outcomes: list[tuple[int, str]], rows: Mapping[int, Task]) -> None:
-    missing = [pk for pk, _ in outcomes if pk not in rows]
-    tasks = {**rows, **(Task.objects.in_bulk(missing) if missing else {})}
-    for pk, status in outcomes:
-        task = tasks.get(pk)
-        if task is None:
-            continue
-        for receiver, answer in ENDING_SIGNALS[status].send_robust(sender=Task, task=task):
-            if isinstance(answer, Exception):
-                logger.error(
-                    "receiver %r of the %s signal failed for task #%s",
-                    receiver,
-                    status,
-                    pk,
-                    exc_info=answer,
-                )
