@@ -15,7 +15,7 @@ from tasks_app import validation
 from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.fastpath import insert_tasks
+from tasks_app.engine.fast_inserts import insert_tasks
 from tasks_app.engine.states import make_due, new_step
 from tasks_app.engine.transitions import bump_counter, fast_path_enabled
 from tasks_app.engine.workflows import Workflow, registry

@@ -17,10 +17,9 @@ its tasks in id order before touching their steps.
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
@@ -37,7 +36,6 @@ from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim
 from tasks_app.engine.sql import (
     COMPLETE_SQL,
-    INSERT_SQL,
     STEP_COLUMNS,
     TASK_COLUMNS,
     claim_sql,
@@ -46,39 +44,15 @@ from tasks_app.engine.states import record_ending
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history import counting
-from tasks_app.models import EventKind, Step, Task, TaskStatus
+from tasks_app.models import EventKind, Step, Task
 from tasks_app.models.json_columns import strict_json
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
-    from tasks_app.engine.workflows import Workflow
-
-
-class Insertable(Protocol):
-    """What the insert reads of an item ``enqueueing`` prepared (its ``PreparedItem``),
-    declared here so the fast path does not import the module that calls it."""
-
-    @property
-    def workflow(self) -> Workflow: ...
-    @property
-    def payload(self) -> dict[str, Any]: ...
-    @property
-    def canonical(self) -> str: ...
-    @property
-    def payload_hash(self) -> str: ...
-    @property
-    def idempotency_key(self) -> str | None: ...
-    @property
-    def queue(self) -> str: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def run_after(self) -> datetime | None: ...
+    pass
 
 
 @contextmanager
-def _cursor() -> Iterator[psycopg.Cursor[Any]]:
+def hot_cursor() -> Iterator[psycopg.Cursor[Any]]:
     """A psycopg cursor with server-side parameter binding on Django's connection.
 
     Arrays of thousands of values are sent as parameters instead of being quoted into the
@@ -117,7 +91,7 @@ def claim_batch(
     # One statement is atomic on its own: outside a transaction it runs in autocommit,
     # without the round trips of BEGIN and COMMIT (the one before it delays every start).
     atomic = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with atomic, _cursor() as cursor:
+    with atomic, hot_cursor() as cursor:
         cursor.execute(
             claim_sql(limit),
             {
@@ -235,7 +209,7 @@ def _complete(
     The statement alone is atomic: outside a transaction it runs in autocommit, without the
     round trips of BEGIN and COMMIT."""
     atomic = transaction.atomic() if cancelled or connection.in_atomic_block else nullcontext()
-    with atomic, _cursor() as cursor:
+    with atomic, hot_cursor() as cursor:
         cursor.execute(COMPLETE_SQL, completion_params(unique, cancelled=cancelled), prepare=True)
         answer = cursor.fetchall()
         # A completion counts for the claim whose token holds the step, not for a stale
@@ -299,77 +273,4 @@ def queue_has_due_steps(queue: str) -> bool:
     return Step.objects.due().filter(queue=queue).exclude(paused_filter()).exists()
 
 
-TASK_FIELDS = [field.attname for field in Task._meta.concrete_fields]
-_row_json = json.JSONEncoder(ensure_ascii=False).encode
 _STEP_TASK = Step._meta.get_field("task")
-
-
-def insert_tasks(
-    items: Sequence[tuple[int, Insertable]], *, author: str, user_id: int | None
-) -> dict[int, Task]:
-    """Create tasks for the items whose keys are free; returns them by item index."""
-    if not items:
-        return {}
-    by_index = dict(items)
-    # Rows travel as one JSON document each for tasks and steps: encoding and decoding JSON
-    # is far cheaper on both sides than a dozen parameter arrays.
-    # Each payload's canonical text goes in as it is, not encoded again.
-    tasks = ",".join(
-        _row_json(
-            {
-                "ord": index,
-                "workflow": item.workflow.name,
-                "version": item.workflow.version,
-                "hash": item.payload_hash,
-                "key": item.idempotency_key,
-                "queue": item.queue,
-                "priority": item.priority,
-                "run_after": item.run_after.isoformat() if item.run_after else None,
-            }
-        )[:-1]
-        + ',"payload":'
-        + item.canonical
-        + "}"
-        for index, item in items
-    )
-    steps = [
-        {"ord": index, "position": position, "kind": spec.kind, "max_attempts": spec.max_attempts}
-        for index, item in items
-        for position, spec in enumerate(item.workflow.steps)
-    ]
-    params = {
-        "items": f"[{tasks}]",
-        "steps": json.dumps(steps),
-        "author": author,
-        "user": user_id,
-    }
-    with _cursor() as cursor:
-        cursor.execute(INSERT_SQL, params, prepare=True)
-        inserted = cursor.fetchall()
-    created: dict[int, Task] = {}
-    bells: list[Doorbell] = []
-    for index, pk, created_at, first_step, available_at in inserted:
-        item = by_index[index]
-        row = {
-            "id": pk,
-            "workflow": item.workflow.name,
-            "workflow_version": item.workflow.version,
-            "payload": item.payload,
-            "payload_hash": item.payload_hash,
-            "idempotency_key": item.idempotency_key,
-            "queue": item.queue,
-            "priority": item.priority,
-            "status": TaskStatus.PENDING,
-            "created_by": author,
-            "created_by_user_id": user_id,
-            "created_at": created_at,
-            "updated_at": created_at,
-            "finished_at": None,
-            "cancel_requested_at": None,
-        }
-        task = rows.instance(Task, TASK_FIELDS, [row[name] for name in TASK_FIELDS])
-        created[index] = task
-        countdown = max((available_at - created_at).total_seconds(), 0.0)
-        bells.append(Doorbell(first_step, item.queue, countdown))
-    ring_on_commit(bells)
-    return created
