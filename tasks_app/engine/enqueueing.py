@@ -16,6 +16,8 @@ from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fast_inserts import insert_tasks
+from tasks_app.engine.limited_claims import assign_turns
+from tasks_app.engine.limits import Placement, place
 from tasks_app.engine.states import make_due, new_step
 from tasks_app.engine.transitions import bump_counter, fast_path_enabled
 from tasks_app.engine.workflows import Workflow, registry
@@ -43,6 +45,8 @@ class PreparedItem:
     queue: str
     priority: int
     run_after: datetime | None
+    # The limits each step runs under (tasks_app.engine.limits).
+    placement: Placement
 
 
 _ENQUEUE_FIELDS = frozenset(
@@ -79,15 +83,17 @@ def _prepare(
     else:
         errors.append(InvalidInput("workflow", "registered", "workflow: must be a workflow name"))
     canonical = check(validation.validate_payload, payload)
+    placement = None
     if flow is not None and canonical is not None:
         check(flow.check_payload, payload)
+        placement = check(place, flow, payload)
     key = check(validation.validate_idempotency_key, idempotency_key)
     checked_queue = check(validation.validate_queue, queue)
     checked_priority = check(validation.validate_priority, priority)
     checked_run_after = check(validation.validate_run_after, run_after)
     if errors:
         raise all_of([_prefixed(error, prefix) for error in errors]) from None
-    assert flow is not None and canonical is not None
+    assert flow is not None and canonical is not None and placement is not None
     assert checked_queue is not None and checked_priority is not None
     return PreparedItem(
         workflow=flow,
@@ -99,6 +105,7 @@ def _prepare(
         queue=checked_queue,
         priority=checked_priority,
         run_after=checked_run_after,
+        placement=placement,
     )
 
 
@@ -159,7 +166,7 @@ def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueRe
     # With the SQL path, one item outside a transaction is one statement in autocommit: it
     # either inserts the task with its steps and event, or finds the key taken and writes
     # nothing, so there is nothing to make atomic.
-    alone = len(items) == 1 and fast_path_enabled()
+    alone = len(items) == 1 and fast_path_enabled() and items[0].placement.turn_key is None
     outside = not connection.in_atomic_block
     if outside:
         _replace_lost_connection()
@@ -233,10 +240,11 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
             firsts[key] = index
         unique.append((index, item))
 
+    turns = _turns(unique)
     if fast_path_enabled():
-        created = insert_tasks(unique, author=author, user_id=user_id)
+        created = insert_tasks(unique, turns, author=author, user_id=user_id)
     else:
-        created = _insert_with_orm(unique, author=author, user_id=user_id)
+        created = _insert_with_orm(unique, turns, author=author, user_id=user_id)
     counting.add(collections.Counter(f"{counting.ENQUEUED}:{t.workflow}" for t in created.values()))
 
     taken = [item.idempotency_key for index, item in unique if index not in created]
@@ -265,8 +273,27 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
     return results, duplicates
 
 
+def _turns(unique: list[tuple[int, PreparedItem]]) -> dict[int, int | None]:
+    """Each limited item's turn (limited_claims.assign_turns), by item index."""
+    limited = [(index, item) for index, item in unique if item.placement.turn_key is not None]
+    if not limited:
+        return {}
+    pairs = {
+        (entry[0], entry[1])
+        for _, item in limited
+        for entries in item.placement.steps
+        for entry in entries or ()
+    }
+    turns = assign_turns([item.placement.turn_key for _, item in limited], pairs)
+    return {index: turn for (index, _), turn in zip(limited, turns, strict=True)}
+
+
 def _insert_with_orm(
-    unique: list[tuple[int, PreparedItem]], *, author: str, user_id: int | None
+    unique: list[tuple[int, PreparedItem]],
+    turns: dict[int, int | None],
+    *,
+    author: str,
+    user_id: int | None,
 ) -> dict[int, Task]:
     keys = [item.idempotency_key for _, item in unique if item.idempotency_key]
     taken = set(
@@ -303,6 +330,8 @@ def _insert_with_orm(
                 priority=task.priority,
                 max_attempts=spec.max_attempts,
                 idempotency_key=step_key(task.key, position, spec.kind),
+                limits=item.placement.steps[position],
+                limit_turn=turns.get(index) if item.placement.steps[position] else None,
             )
             if position == 0:
                 # Rung after the commit with the others (enqueue's doorbells).

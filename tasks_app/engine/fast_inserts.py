@@ -16,6 +16,7 @@ from tasks_app.models import Task, TaskStatus
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from tasks_app.engine.limits import Placement
     from tasks_app.engine.workflows import Workflow
 
 
@@ -39,16 +40,28 @@ class Insertable(Protocol):
     def priority(self) -> int: ...
     @property
     def run_after(self) -> datetime | None: ...
+    @property
+    def placement(self) -> Placement: ...
 
 
 TASK_FIELDS = [field.attname for field in Task._meta.concrete_fields]
 _row_json = json.JSONEncoder(ensure_ascii=False).encode
 
 
+def _limits_of(item: Insertable, position: int, turn: int | None) -> dict[str, Any]:
+    limits = item.placement.steps[position]
+    return {"limits": limits, "turn": turn} if limits else {}
+
+
 def insert_tasks(
-    items: Sequence[tuple[int, Insertable]], *, author: str, user_id: int | None
+    items: Sequence[tuple[int, Insertable]],
+    turns: dict[int, int | None],
+    *,
+    author: str,
+    user_id: int | None,
 ) -> dict[int, Task]:
-    """Create tasks for the items whose keys are free; returns them by item index."""
+    """Create tasks for the items whose keys are free; returns them by item index. A step
+    under limits is stored with them and its item's turn (``turns``)."""
     if not items:
         return {}
     by_index = dict(items)
@@ -75,6 +88,7 @@ def insert_tasks(
     )
     steps = [
         {"ord": index, "position": position, "kind": spec.kind, "max_attempts": spec.max_attempts}
+        | _limits_of(item, position, turns.get(index))
         for index, item in items
         for position, spec in enumerate(item.workflow.steps)
     ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from django.conf import settings
@@ -30,7 +30,7 @@ from tasks_app.access import SYSTEM
 from tasks_app.db import rows
 from tasks_app.db.deadlines import bounded
 from tasks_app.db.lock_conflicts import retry_lock_conflicts
-from tasks_app.engine import leases
+from tasks_app.engine import leases, limited_claims
 from tasks_app.engine.announcements import announce_on_commit
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim
@@ -42,13 +42,11 @@ from tasks_app.engine.sql import (
 )
 from tasks_app.engine.states import record_ending
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
+from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history import counting
 from tasks_app.models import EventKind, Step, Task
 from tasks_app.models.json_columns import strict_json
-
-if TYPE_CHECKING:
-    pass
 
 
 @contextmanager
@@ -84,10 +82,45 @@ def claim_batch(
     The queue is ``queue``, or else the named step's. Nothing is claimed in a paused queue.
     A step whose last lease ran out is claimed only in a batch of its own (named, or with
     ``limit`` 1), so a step that kills its process takes no other step's attempt along.
+    Steps under limits are claimed first, as their limits let them
+    (``limited_claims``), then the rest.
     """
     lease = lease_seconds or settings.TASKS_LEASE_SECONDS
+    limited = _claim_limited(worker_id, limit, step_id, queue, lease)
+    if limited.alone or len(limited.claims) == limit:
+        return limited.claims
+    if limited.claims:
+        queue = queue or limited.claims[0].queue
+        if step_id in {claim.step_id for claim in limited.claims}:
+            step_id = None
+        limit -= len(limited.claims)
     if not fast_path_enabled():
-        return _claim_batch_one_by_one(worker_id, limit, step_id, queue, lease)
+        return limited.claims + _claim_batch_one_by_one(worker_id, limit, step_id, queue, lease)
+    return limited.claims + _claim_unlimited(worker_id, limit, step_id, queue, lease)
+
+
+def _claim_limited(
+    worker_id: str, limit: int, step_id: int | None, queue: str | None, lease: int
+) -> limited_claims.Claimed:
+    """The claim of steps under limits, when this worker knows of any and they may be due
+    (one indexed look first, so queues without them pay nothing more)."""
+    if not registry.limits():
+        return limited_claims.Claimed()
+    if queue is None:
+        # A doorbell's first claim: only when it names a step under limits.
+        named = step_id is not None and Step.objects.filter(pk=step_id, limit_turn__isnull=False)
+        if not named or not named.exists():
+            return limited_claims.Claimed()
+    elif not limited_claims.has_due(queue):
+        return limited_claims.Claimed()
+    return limited_claims.claim(
+        queue=queue, worker_id=worker_id, limit=limit, lease_seconds=lease, step_id=step_id
+    )
+
+
+def _claim_unlimited(
+    worker_id: str, limit: int, step_id: int | None, queue: str | None, lease: int
+) -> list[Claim]:
     # One statement is atomic on its own: outside a transaction it runs in autocommit,
     # without the round trips of BEGIN and COMMIT (the one before it delays every start).
     atomic = transaction.atomic() if connection.in_atomic_block else nullcontext()
@@ -124,7 +157,7 @@ def _claim_batch_one_by_one(
         return []
     # A step whose last lease ran out is claimed only in a batch of one
     # (exceptions.LEASE_EXPIRED).
-    due = Step.objects.due().filter(queue=queue)
+    due = Step.objects.due().filter(queue=queue, limit_turn__isnull=True)
     if limit > 1:
         due = due.exclude(error_class=LEASE_EXPIRED)
     if step_id is not None:

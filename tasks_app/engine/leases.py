@@ -73,10 +73,11 @@ def claim_step(step_id: int, *, worker_id: str, lease_seconds: int | None = None
         task = Task.objects.select_for_update().filter(pk=task_id).first()
         if task is None:
             return None
+        # A step under limits is claimed as they let it (limited_claims), never here.
         step = (
             Step.objects.select_for_update()
             .due()
-            .filter(pk=step_id)
+            .filter(pk=step_id, limit_turn__isnull=True)
             .exclude(paused_filter())
             .first()
         )

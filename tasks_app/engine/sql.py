@@ -13,6 +13,8 @@ from tasks_app.exceptions import LEASE_EXPIRED
 
 # "A step is due", as models.StepQuerySet.due says it, for the statements below.
 DUE = "s.status = 'pending' AND s.available_at <= statement_timestamp()"
+# Steps under limits are claimed by limited_claims, which enforces them; never here.
+UNLIMITED = "s.limit_turn IS NULL"
 
 
 # The columns of a step and of a task in the order of the models' concrete fields
@@ -22,7 +24,7 @@ STEP_COLUMNS = (
     "id", "task_id", "position", "revision", "kind", "status", "queue", "priority", "attempts",
     "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
     "lease_worker", "dispatched_at", "result", "last_error", "error_class", "error_fingerprint",
-    "dead_workflow", "change_request", "started_at", "finished_at",
+    "dead_workflow", "change_request", "started_at", "finished_at", "limits", "limit_turn",
 )  # fmt: skip
 TASK_COLUMNS = (
     "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",
@@ -34,7 +36,7 @@ _CLAIM_ROWS = ", ".join(
 )
 
 # ORM twin: leases.claim_step with states.start_attempt (one step),
-# fastpath._claim_batch_one_by_one (many). "Due" is
+# fastpath._claim_batch_one_by_one (many); steps under limits are limited_claims'. "Due" is
 # models.StepQuerySet.due, "not paused" is transitions.paused_filter, the event's steps
 # triple is history.events.step_state.
 # The batch size is written into the statement ({limit}, see claim_sql), not passed as a
@@ -57,14 +59,14 @@ WITH target AS (
     )
 ), named AS (
     SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
-    WHERE s.id = %(step)s AND {DUE}
+    WHERE s.id = %(step)s AND {DUE} AND {UNLIMITED}
       AND s.queue = (SELECT queue FROM open_queue)
     FOR UPDATE OF s, t SKIP LOCKED
 ), more AS (
     -- A step whose last lease ran out is claimed only in a batch of one
     -- (exceptions.LEASE_EXPIRED).
     SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
-    WHERE s.queue = (SELECT queue FROM open_queue) AND {DUE}
+    WHERE s.queue = (SELECT queue FROM open_queue) AND {DUE} AND {UNLIMITED}
       AND s.id IS DISTINCT FROM %(step)s
       AND ({{limit}} = 1 OR s.error_class <> '{LEASE_EXPIRED}')
     ORDER BY s.priority DESC, s.available_at
@@ -246,7 +248,7 @@ WITH input AS (
     )
 ), spec AS (
     SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb)
-        AS s(ord int, position int, kind text, max_attempts int)
+        AS s(ord int, position int, kind text, max_attempts int, limits jsonb, turn bigint)
 ), keyed AS (
     INSERT INTO tasks_app_task ({_TASK_INSERT_COLUMNS})
     SELECT {_TASK_INSERT_VALUES}
@@ -266,13 +268,13 @@ WITH input AS (
     INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, priority, attempts,
                                 max_attempts, available_at, idempotency_key, fencing_token,
                                 lease_expires_at, dispatched_at, result, last_error, error_class,
-                                started_at, finished_at)
+                                started_at, finished_at, limits, limit_turn)
     SELECT t.id, s.position, 0, s.kind, CASE WHEN s.position = 0 THEN 'pending' ELSE 'blocked' END,
            i.queue, i.priority, 0, s.max_attempts,
            CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
            COALESCE(i.key, 'task-' || t.id) || ':' || s.position || ':' || s.kind, 0,
            NULL, CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
-           NULL, '', '', NULL, NULL
+           NULL, '', '', NULL, NULL, s.limits, s.turn
     FROM tasks t JOIN input i ON i.id = t.id JOIN spec s ON s.ord = i.ord
     ORDER BY t.id, s.position
     RETURNING id, task_id, position, status, available_at

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import F
 from django.db.models.functions import Now
 
 from tasks_app.access import SYSTEM, Actor
@@ -80,13 +81,24 @@ def start_attempt(step: Step, *, worker_id: str, lease_seconds: int) -> None:
     step.attempts += 1
     step.fencing_token += 1
     step.lease_worker = worker_id
-    Step.objects.filter(pk=step.pk).update(
-        status=step.status,
-        attempts=step.attempts,
-        fencing_token=step.fencing_token,
-        lease_expires_at=now_plus(lease_seconds),
+    start_attempts([step.pk], worker_id=worker_id, lease_seconds=lease_seconds)
+
+
+def start_attempts(
+    step_ids: Sequence[int], *, worker_id: str, lease_seconds: int, at: datetime | None = None
+) -> None:
+    """:func:`start_attempt`'s writes for many steps; a claim under limits
+    (``limited_claims``) starts their leases ``at`` the time it judged the limits at, so
+    the attempts' records show what the rates counted."""
+    Step.objects.filter(pk__in=step_ids).update(
+        status=StepStatus.RUNNING,
+        attempts=F("attempts") + 1,
+        fencing_token=F("fencing_token") + 1,
+        lease_expires_at=now_plus(lease_seconds)
+        if at is None
+        else at + timedelta(seconds=lease_seconds),
         lease_worker=worker_id,
-        started_at=Now(),
+        started_at=Now() if at is None else at,
     )
 
 

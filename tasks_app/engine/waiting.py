@@ -251,6 +251,8 @@ def _next_revision(
             priority=task.priority,
             max_attempts=old.max_attempts,
             idempotency_key=step_key(task.key, old.position, old.kind, revision),
+            limits=old.limits,
+            limit_turn=old.limit_turn,
         )
         for old in replaced
     ]

@@ -20,6 +20,7 @@ from tasks_app.exceptions import InvalidInput, InvalidPayload, UnknownWorkflow
 
 if TYPE_CHECKING:
     from tasks_app.engine.effects import Effects
+    from tasks_app.engine.limits import Limit
     from tasks_app.models import Step, Task
 
 Handler = Callable[["StepContext"], Any]
@@ -47,6 +48,8 @@ class StepSpec:
     backoff_cap: float = 300.0
     timeout: float | None = None
     approval: bool = False
+    # Flow control for this step kind (tasks_app.engine.limits), beside its workflow's.
+    limits: tuple[Limit, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.kind or ":" in self.kind:
@@ -55,6 +58,8 @@ class StepSpec:
             raise ValueError(f"step {self.kind}: max_attempts must be at least 1")
         if self.backoff_base < 0 or self.backoff_cap < self.backoff_base:
             raise ValueError(f"step {self.kind}: need 0 <= backoff_base <= backoff_cap")
+        if self.approval and self.limits:
+            raise ValueError(f"step {self.kind}: an approval step runs under no limit")
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Capped exponential backoff with full jitter, for the retry after ``attempt``."""
@@ -74,6 +79,8 @@ class Workflow:
     # Enqueued by the system itself (an approval's mail, a django.tasks call), never by a
     # person: the admin does not offer it, and a refusal of a name does not list it.
     internal: bool = False
+    # Flow control for every step of the workflow (tasks_app.engine.limits).
+    limits: tuple[Limit, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -81,6 +88,18 @@ class Workflow:
         kinds = [step.kind for step in self.steps]
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"workflow {self.name}: step kinds must be unique")
+        for step in self.steps:
+            names = [limit.name for limit in self.limits + step.limits]
+            if len(set(names)) != len(names):
+                raise ValueError(f"workflow {self.name}: step {step.kind} names a limit twice")
+
+    @property
+    def limited(self) -> bool:
+        """Whether any of its steps runs under a limit."""
+        return bool(self.limits) or any(step.limits for step in self.steps)
+
+    def all_limits(self) -> tuple[Limit, ...]:
+        return self.limits + tuple(limit for step in self.steps for limit in step.limits)
 
     def step(self, position: int) -> StepSpec | None:
         return self.steps[position] if 0 <= position < len(self.steps) else None
@@ -116,6 +135,13 @@ class Registry:
                 raise ValueError(
                     f"workflow {workflow.name} v{workflow.version} is already registered"
                 )
+            limits = self.limits()
+            for limit in workflow.all_limits():
+                if limits.setdefault(limit.name, limit) != limit:
+                    raise ValueError(
+                        f"workflow {workflow.name}: limit {limit.name} is declared otherwise "
+                        "by another workflow; share one Limit object"
+                    )
             self._workflows[(workflow.name, workflow.version)] = workflow
         return workflow
 
@@ -138,6 +164,14 @@ class Registry:
     def public_names(self) -> list[str]:
         """The workflows a person may choose: not the ones the system enqueues itself."""
         return [name for name in self.names() if not self.latest(name).internal]
+
+    def limits(self) -> dict[str, Limit]:
+        """Every limit the registered workflows declare, by name."""
+        return {
+            limit.name: limit
+            for workflow in self._workflows.values()
+            for limit in workflow.all_limits()
+        }
 
     def versions(self, name: str) -> list[int]:
         """The versions of ``name`` registered in this process, oldest first."""

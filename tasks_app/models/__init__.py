@@ -24,6 +24,7 @@ from tasks_app.models.events import (
     EventKind,
     EventQuerySet,
 )
+from tasks_app.models.limits import LimitKey, LimitState
 from tasks_app.models.statuses import (
     ACTIVE_TASK_STATUSES,
     FINAL_STEP_STATUSES,
@@ -63,6 +64,8 @@ __all__ = [
     "EventQuerySet",
     "Heartbeat",
     "Lease",
+    "LimitKey",
+    "LimitState",
     "PayloadSearch",
     "QueueState",
     "Step",

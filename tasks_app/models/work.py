@@ -253,6 +253,10 @@ class Step(models.Model):
     change_request = TolerantJSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Flow control (tasks_app.engine.limits): the limits the step runs under as
+    # [[name, key, weight], ...], and its turn among them; both None for a step under none.
+    limits = models.JSONField(null=True, blank=True)
+    limit_turn = models.BigIntegerField(null=True, blank=True)
 
     objects: ClassVar[StepQuerySet] = StepQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -272,6 +276,14 @@ class Step(models.Model):
                 fields=["queue", "-priority", "available_at"],
                 name="step_due_idx",
                 condition=Q(status="pending"),
+            ),
+            # The claim of steps under limits (tasks_app.engine.limited_claims): their due
+            # steps per queue, by priority, then turn (keys take turns), then age. Only
+            # such steps have entries.
+            models.Index(
+                fields=["queue", "-priority", "limit_turn", "available_at"],
+                name="step_limited_due_idx",
+                condition=Q(status="pending", limit_turn__isnull=False),
             ),
             # The reaper: running steps whose lease ran out.
             models.Index(

@@ -1,0 +1,395 @@
+"""Claims of steps under limits (``tasks_app.engine.limits``), exact across every worker.
+
+Such claims are decided one at a time: on PostgreSQL each takes a transaction-level
+advisory lock first (on SQLite every write transaction is one at a time already), then
+reads the clock, the running steps and the rate windows, so what it sees is what every
+earlier claim committed. A step over a limit stays pending: it is not claimed, spends no
+attempt, and the worker does not spin on it; when a rate is what holds the queue back,
+the claim rings once for the time it frees (:attr:`Claimed.retry_at`).
+
+- **concurrency**: the running steps under the same limit and key, counted from the step
+  rows (few: only running ones), so nothing drifts when a step ends by any path.
+- **rate**: each key's spend by slice of the period (:class:`Window`), counted whole for
+  every slice the period reaches into, so no period, wherever it starts, holds more than
+  the rate (a claim may wait up to one slice, 1/``SLICES`` of the period, longer than a
+  sliding log would make it).
+- **fairness**: due steps are taken by priority, then turn: enqueue gives a key's steps
+  turns from where its limit's clock stands (``LimitState.turn``, the latest turn claimed)
+  or after the key's last turn, whichever is later; so a key with 10,000 waiting steps
+  takes one turn, then another key's step takes the next.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+
+from tasks_app.db.clock import db_now
+from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.leases import Claim
+from tasks_app.engine.limits import Limit, Numbers, Rate, configured, declared
+from tasks_app.engine.states import start_attempts
+from tasks_app.engine.transitions import paused_filter
+from tasks_app.exceptions import LEASE_EXPIRED
+from tasks_app.history import counting
+from tasks_app.models import LimitKey, LimitState, Step, StepStatus, Task
+
+# Slices per period in a rate's window.
+SLICES = 20
+# Due steps under limits read per claim, in claim order.
+SCAN = 500
+# The advisory lock every claim under limits takes first (PostgreSQL).
+LOCK = zlib.crc32(b"tasks_app.limited_claims")
+
+# Why a due step was not claimed.
+PAUSED = "paused"
+AT_CONCURRENCY = "concurrency"
+AT_RATE = "rate"
+UNKNOWN_LIMIT = "unknown_limit"
+
+
+@dataclass
+class Window:
+    """A rate's spend by slice of its period: ``spent`` covers the ``SLICES + 1`` slices a
+    period ending in slice ``slice`` reaches into, oldest first."""
+
+    width: float
+    slice: int
+    spent: list[int]
+
+    @classmethod
+    def at(cls, stored: dict[str, Any], rate: Rate, now: datetime) -> Window:
+        """The window as stored, moved on to the slice ``now`` is in. Kept under another
+        period (the rate was changed), its whole spend counts as spent now."""
+        width = rate.seconds / SLICES
+        current = math.floor(now.timestamp() / width)
+        spent = [0] * (SLICES + 1)
+        if stored:
+            if stored.get("width") == width:
+                shift = max(current - int(stored["slice"]), 0)
+                kept = list(stored["spent"])[shift:] if shift <= SLICES else []
+                spent = [0] * (SLICES + 1 - len(kept)) + kept
+            else:
+                spent[-1] = sum(stored.get("spent", ()))
+        return cls(width, current, spent)
+
+    @property
+    def used(self) -> int:
+        return sum(self.spent)
+
+    def spend(self, units: int) -> None:
+        self.spent[-1] += units
+
+    def frees_at(self, units: int, count: int) -> datetime | None:
+        """When ``units`` more fit under ``count``, as older slices leave the period."""
+        left = self.used
+        for index, spent in enumerate(self.spent):
+            if left + units <= count:
+                break
+            left -= spent
+            if left + units <= count:
+                leaves = self.slice + index + 1
+                return datetime.fromtimestamp(leaves * self.width, tz=UTC)
+        return None
+
+    def stored(self) -> dict[str, Any]:
+        return {"width": self.width, "slice": self.slice, "spent": self.spent}
+
+
+@dataclass
+class Claimed:
+    """What a claim under limits took, and when a rate lets more in (None: no rate holds
+    the queue back)."""
+
+    claims: list[Claim] = field(default_factory=list)
+    retry_at: datetime | None = None
+    # The named step's last lease ran out: it is the whole batch (exceptions.LEASE_EXPIRED).
+    alone: bool = False
+
+
+def numbers(state: LimitState | None, limit: Limit | None) -> Numbers | None:
+    """A limit's numbers in effect: an operator's live change, else the declaration with
+    TASKS_LIMITS; None when neither is known here (this worker does not declare it)."""
+    if state is not None and state.overridden:
+        return Numbers(state.concurrency, Rate.parse(state.rate) if state.rate else None)
+    return configured(limit) if limit is not None else None
+
+
+def _serialize() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK])
+
+
+def has_due(queue: str) -> bool:
+    """Whether ``queue`` has a due step under limits (step_limited_due_idx)."""
+    return Step.objects.due().filter(queue=queue, limit_turn__isnull=False).exists()
+
+
+def claim(
+    *,
+    queue: str | None,
+    worker_id: str,
+    limit: int,
+    lease_seconds: int,
+    step_id: int | None = None,
+    only_named: bool = False,
+) -> Claimed:
+    """Claim up to ``limit`` due steps under limits of ``queue`` (or the named step's),
+    ``step_id`` first if it may run now; with ``only_named``, that step or nothing."""
+    with transaction.atomic():
+        _serialize()
+        now = db_now()
+        candidates = _candidates(queue, step_id, now, only_named, limit)
+        if not candidates:
+            return Claimed()
+        alone = candidates[0].pk == step_id and candidates[0].error_class == LEASE_EXPIRED
+        if alone:
+            candidates, limit = candidates[:1], 1
+        decision = _decide(candidates, limit, now)
+        claimed = _take(decision.admitted, worker_id, lease_seconds, now)
+        decision.book(claimed)
+        claims = [
+            Claim.of(step, worker_id=worker_id, lease_seconds=lease_seconds, keep=True)
+            for step in claimed
+        ]
+        if claims:
+            counting.add(collections.Counter(f"{counting.CLAIMED}:{c.queue}" for c in claims))
+        retry_at = decision.retry_at if not claims else None
+        if retry_at is not None:
+            # Nothing could start for a rate: ring once for when it lets the first in.
+            delay = max((retry_at - now).total_seconds(), 0.0)
+            first = candidates[0]
+            ring_on_commit([Doorbell(first.pk, first.queue, delay)])
+        return Claimed(claims, retry_at, alone and bool(claims))
+
+
+def _candidates(
+    queue: str | None, step_id: int | None, now: datetime, only_named: bool, limit: int
+) -> list[Step]:
+    due = (
+        Step.objects.due(now)
+        .filter(limit_turn__isnull=False)
+        .exclude(paused_filter())
+        .only(
+            "id",
+            "task_id",
+            "queue",
+            "priority",
+            "limits",
+            "limit_turn",
+            "available_at",
+            "error_class",
+        )
+    )
+    named = list(due.filter(pk=step_id)) if step_id is not None else []
+    if only_named:
+        return named
+    if queue is None:
+        if not named:
+            return []
+        queue = named[0].queue
+    rest = due.filter(queue=queue).order_by("-priority", "limit_turn", "available_at")
+    if limit > 1:
+        # A step whose last lease ran out is claimed only in a batch of one.
+        rest = rest.exclude(error_class=LEASE_EXPIRED)
+    if step_id is not None:
+        rest = rest.exclude(pk=step_id)
+    return named + list(rest[:SCAN])
+
+
+@dataclass
+class _Decision:
+    """The admission of candidates against the limits as they stand."""
+
+    admitted: list[Step]
+    windows: dict[tuple[str, str], Window]
+    states: dict[str, LimitState]
+    retry_at: datetime | None
+
+    def book(self, claimed: Sequence[Step]) -> None:
+        """Spend the rates of the steps actually claimed, and move the turn clocks."""
+        spent: dict[tuple[str, str], Window] = {}
+        turns: dict[str, int] = {}
+        for step in claimed:
+            for name, key, weight in step.limits or ():
+                window = self.windows.get((name, key))
+                if window is not None:
+                    window.spend(weight)
+                    spent[(name, key)] = window
+            owner = turn_owner(step.limits or ())
+            if owner is not None and step.limit_turn is not None:
+                turns[owner] = max(turns.get(owner, 0), step.limit_turn)
+        # In key order, as enqueue locks them (assign_turns), so neither waits on the other
+        # in a circle.
+        for (name, key), window in sorted(spent.items()):
+            LimitKey.objects.filter(limit=name, key=key).update(window=window.stored())
+        for name, turn in turns.items():
+            LimitState.objects.filter(name=name, turn__lt=turn).update(turn=turn)
+
+
+def turn_owner(entries: Iterable[Sequence[Any]]) -> str | None:
+    """The limit a step's turn is counted in: its first partitioned limit, else its first
+    (limits.place)."""
+    entries = list(entries)
+    for name, key, _weight in entries:
+        if key:
+            return str(name)
+    return str(entries[0][0]) if entries else None
+
+
+def _decide(candidates: Sequence[Step], limit: int, now: datetime) -> _Decision:
+    pairs = {(name, key) for step in candidates for name, key, _ in step.limits or ()}
+    names = {name for name, _ in pairs}
+    states = {state.name: state for state in LimitState.objects.filter(name__in=names)}
+    known = declared()
+    effective = {name: numbers(states.get(name), known.get(name)) for name in names}
+    keys = _keys(pairs)
+    running = running_counts()
+    windows: dict[tuple[str, str], Window] = {}
+    for name, key in pairs:
+        numbers_ = effective[name]
+        rate = numbers_.rate if numbers_ is not None else None
+        if rate is not None:
+            row = keys.get((name, key))
+            windows[(name, key)] = Window.at(row.window if row else {}, rate, now)
+    admitted: list[Step] = []
+    retry_at: datetime | None = None
+    for step in candidates:
+        if len(admitted) == limit:
+            break
+        entries = step.limits or ()
+        why, frees = _refusal(entries, effective, keys, running, windows)
+        if why is None:
+            admitted.append(step)
+            for name, key, weight in entries:
+                running[(name, key)] += 1
+                if (name, key) in windows:
+                    windows[(name, key)].spend(weight)
+        elif frees is not None:
+            retry_at = frees if retry_at is None else min(retry_at, frees)
+    # The tentative spends are dropped: book() spends for the steps actually claimed.
+    for name, key in list(windows):
+        row = keys.get((name, key))
+        windows[(name, key)] = Window.at(row.window if row else {}, _rate(effective[name]), now)
+    return _Decision(admitted, windows, states, retry_at)
+
+
+def _rate(numbers: Numbers | None) -> Rate:
+    assert numbers is not None and numbers.rate is not None
+    return numbers.rate
+
+
+def _refusal(
+    entries: Sequence[Sequence[Any]],
+    effective: dict[str, Numbers | None],
+    keys: dict[tuple[str, str], LimitKey],
+    running: collections.Counter[tuple[str, str]],
+    windows: dict[tuple[str, str], Window],
+) -> tuple[str | None, datetime | None]:
+    """Why a step may not start now (None: it may), and when a rate lets it in."""
+    frees: datetime | None = None
+    for name, key, weight in entries:
+        numbers_ = effective.get(name)
+        if numbers_ is None:
+            return UNKNOWN_LIMIT, None
+        row = keys.get((name, key))
+        if row is not None and row.paused_at is not None:
+            return PAUSED, None
+        if numbers_.concurrency is not None and running[(name, key)] >= numbers_.concurrency:
+            return AT_CONCURRENCY, None
+        window = windows.get((name, key))
+        rate = numbers_.rate
+        if window is not None and rate is not None and window.used + weight > rate.count:
+            # Refused for the rate; it starts once every rate it is under lets it in.
+            at = window.frees_at(weight, rate.count)
+            if at is None:
+                return AT_RATE, None
+            frees = at if frees is None else max(frees, at)
+    return (AT_RATE, frees) if frees is not None else (None, None)
+
+
+def _keys(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], LimitKey]:
+    if not pairs:
+        return {}
+    where = Q()
+    for name, key in pairs:
+        where |= Q(limit=name, key=key)
+    return {(row.limit, row.key): row for row in LimitKey.objects.filter(where)}
+
+
+def running_counts() -> collections.Counter[tuple[str, str]]:
+    """The running steps under each limit and key (step_lease_idx: running rows only)."""
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    running = Step.objects.filter(status=StepStatus.RUNNING, limit_turn__isnull=False)
+    for entries in running.values_list("limits", flat=True):
+        for name, key, _weight in entries or ():
+            counts[(name, key)] += 1
+    return counts
+
+
+def _take(
+    admitted: Sequence[Step], worker_id: str, lease_seconds: int, now: datetime
+) -> list[Step]:
+    """Claim the admitted steps whose task no other transaction holds (task rows first, as
+    every writer locks them), still pending."""
+    if not admitted:
+        return []
+    free_tasks = set(
+        Task.objects.select_for_update(skip_locked=True)
+        .filter(pk__in={step.task_id for step in admitted})
+        .values_list("pk", flat=True)
+    )
+    ids = [step.pk for step in admitted if step.task_id in free_tasks]
+    still = set(
+        Step.objects.select_for_update()
+        .filter(pk__in=ids, status=StepStatus.PENDING)
+        .values_list("pk", flat=True)
+    )
+    ids = [pk for pk in ids if pk in still]
+    start_attempts(ids, worker_id=worker_id, lease_seconds=lease_seconds, at=now)
+    taken = Step.objects.select_related("task").in_bulk(ids)
+    return [taken[pk] for pk in ids]
+
+
+def assign_turns(
+    turn_keys: Sequence[tuple[str, str] | None], pairs: Iterable[tuple[str, str]]
+) -> list[int | None]:
+    """Turns for items about to be enqueued, in order: each item's key takes the turns after
+    its last one, or after its limit's clock when that is later (an idle key starts where
+    the others are). Creates the rows of the limits and keys (``pairs``) the claims read."""
+    pairs = sorted(set(pairs))
+    LimitState.objects.bulk_create(
+        [LimitState(name=name) for name in sorted({name for name, _ in pairs})],
+        ignore_conflicts=True,
+    )
+    LimitKey.objects.bulk_create(
+        [LimitKey(limit=name, key=key) for name, key in pairs], ignore_conflicts=True
+    )
+    by_key: dict[tuple[str, str], int] = collections.Counter(k for k in turn_keys if k)
+    clocks = dict(
+        LimitState.objects.filter(name__in={name for name, _ in by_key}).values_list("name", "turn")
+    )
+    firsts: dict[tuple[str, str], int] = {}
+    # In key order, as the claims write them (_Decision.book).
+    for (name, key), count in sorted(by_key.items()):
+        row = LimitKey.objects.select_for_update().get(limit=name, key=key)
+        start = max(clocks.get(name, 0), row.last_turn)
+        LimitKey.objects.filter(pk=row.pk).update(last_turn=start + count)
+        firsts[(name, key)] = start + 1
+    turns: list[int | None] = []
+    for turn_key in turn_keys:
+        if turn_key is None:
+            turns.append(None)
+            continue
+        turns.append(firsts[turn_key])
+        firsts[turn_key] += 1
+    return turns
