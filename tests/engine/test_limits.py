@@ -97,7 +97,9 @@ def test_rates_read_as_count_per_period() -> None:
         ({"name": "weighed", "concurrency": 2, "weight": "cost"}, "needs a rate"),
     ],
 )
-def test_a_limit_declared_wrongly_is_refused_when_declared(options: dict, words: str) -> None:
+def test_a_limit_declared_wrongly_is_refused_when_declared(
+    options: dict[str, Any], words: str
+) -> None:
     with pytest.raises(ValueError, match=words):
         Limit(**options)
 
@@ -136,7 +138,7 @@ def test_enqueue_records_each_steps_limits_key_weight_and_turn(limited: str) -> 
     ],
 )
 def test_a_payload_without_a_usable_key_or_weight_is_refused_and_nothing_stored(
-    limited: str, payload: dict, field: str, rule: str
+    limited: str, payload: dict[str, Any], field: str, rule: str
 ) -> None:
     with pytest.raises(InvalidPayload) as refused:
         services.enqueue(LIMITED, payload)
