@@ -22,86 +22,35 @@ the claim rings once for the time it frees (:attr:`Claimed.retry_at`).
 from __future__ import annotations
 
 import collections
-import math
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
 
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim
-from tasks_app.engine.limits import Limit, Numbers, Rate, configured, declared
+from tasks_app.engine.limit_standing import (
+    Window,
+    keys_of,
+    numbers,
+    refusal,
+    running_counts,
+)
+from tasks_app.engine.limits import Numbers, Rate, declared
 from tasks_app.engine.states import start_attempts
 from tasks_app.engine.transitions import paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history import counting
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus, Task
 
-# Slices per period in a rate's window.
-SLICES = 20
 # Due steps under limits read per claim, in claim order.
 SCAN = 500
 # The advisory lock every claim under limits takes first (PostgreSQL).
 LOCK = zlib.crc32(b"tasks_app.limited_claims")
-
-# Why a due step was not claimed.
-PAUSED = "paused"
-AT_CONCURRENCY = "concurrency"
-AT_RATE = "rate"
-UNKNOWN_LIMIT = "unknown_limit"
-
-
-@dataclass
-class Window:
-    """A rate's spend by slice of its period: ``spent`` covers the ``SLICES + 1`` slices a
-    period ending in slice ``slice`` reaches into, oldest first."""
-
-    width: float
-    slice: int
-    spent: list[int]
-
-    @classmethod
-    def at(cls, stored: dict[str, Any], rate: Rate, now: datetime) -> Window:
-        """The window as stored, moved on to the slice ``now`` is in. Kept under another
-        period (the rate was changed), its whole spend counts as spent now."""
-        width = rate.seconds / SLICES
-        current = math.floor(now.timestamp() / width)
-        spent = [0] * (SLICES + 1)
-        if stored:
-            if stored.get("width") == width:
-                shift = max(current - int(stored["slice"]), 0)
-                kept = list(stored["spent"])[shift:] if shift <= SLICES else []
-                spent = [0] * (SLICES + 1 - len(kept)) + kept
-            else:
-                spent[-1] = sum(stored.get("spent", ()))
-        return cls(width, current, spent)
-
-    @property
-    def used(self) -> int:
-        return sum(self.spent)
-
-    def spend(self, units: int) -> None:
-        self.spent[-1] += units
-
-    def frees_at(self, units: int, count: int) -> datetime | None:
-        """When ``units`` more fit under ``count``, as older slices leave the period."""
-        left = self.used
-        for index, spent in enumerate(self.spent):
-            if left + units <= count:
-                break
-            left -= spent
-            if left + units <= count:
-                leaves = self.slice + index + 1
-                return datetime.fromtimestamp(leaves * self.width, tz=UTC)
-        return None
-
-    def stored(self) -> dict[str, Any]:
-        return {"width": self.width, "slice": self.slice, "spent": self.spent}
 
 
 @dataclass
@@ -113,14 +62,6 @@ class Claimed:
     retry_at: datetime | None = None
     # The named step's last lease ran out: it is the whole batch (exceptions.LEASE_EXPIRED).
     alone: bool = False
-
-
-def numbers(state: LimitState | None, limit: Limit | None) -> Numbers | None:
-    """A limit's numbers in effect: an operator's live change, else the declaration with
-    TASKS_LIMITS; None when neither is known here (this worker does not declare it)."""
-    if state is not None and state.overridden:
-        return Numbers(state.concurrency, Rate.parse(state.rate) if state.rate else None)
-    return configured(limit) if limit is not None else None
 
 
 def _serialize() -> None:
@@ -252,7 +193,7 @@ def _decide(candidates: Sequence[Step], limit: int, now: datetime) -> _Decision:
     states = {state.name: state for state in LimitState.objects.filter(name__in=names)}
     known = declared()
     effective = {name: numbers(states.get(name), known.get(name)) for name in names}
-    keys = _keys(pairs)
+    keys = keys_of(pairs)
     running = running_counts()
     windows: dict[tuple[str, str], Window] = {}
     for name, key in pairs:
@@ -267,7 +208,7 @@ def _decide(candidates: Sequence[Step], limit: int, now: datetime) -> _Decision:
         if len(admitted) == limit:
             break
         entries = step.limits or ()
-        why, frees = _refusal(entries, effective, keys, running, windows)
+        why, frees = refusal(entries, effective, keys, running, windows)
         if why is None:
             admitted.append(step)
             for name, key, weight in entries:
@@ -286,54 +227,6 @@ def _decide(candidates: Sequence[Step], limit: int, now: datetime) -> _Decision:
 def _rate(numbers: Numbers | None) -> Rate:
     assert numbers is not None and numbers.rate is not None
     return numbers.rate
-
-
-def _refusal(
-    entries: Sequence[Sequence[Any]],
-    effective: dict[str, Numbers | None],
-    keys: dict[tuple[str, str], LimitKey],
-    running: collections.Counter[tuple[str, str]],
-    windows: dict[tuple[str, str], Window],
-) -> tuple[str | None, datetime | None]:
-    """Why a step may not start now (None: it may), and when a rate lets it in."""
-    frees: datetime | None = None
-    for name, key, weight in entries:
-        numbers_ = effective.get(name)
-        if numbers_ is None:
-            return UNKNOWN_LIMIT, None
-        row = keys.get((name, key))
-        if row is not None and row.paused_at is not None:
-            return PAUSED, None
-        if numbers_.concurrency is not None and running[(name, key)] >= numbers_.concurrency:
-            return AT_CONCURRENCY, None
-        window = windows.get((name, key))
-        rate = numbers_.rate
-        if window is not None and rate is not None and window.used + weight > rate.count:
-            # Refused for the rate; it starts once every rate it is under lets it in.
-            at = window.frees_at(weight, rate.count)
-            if at is None:
-                return AT_RATE, None
-            frees = at if frees is None else max(frees, at)
-    return (AT_RATE, frees) if frees is not None else (None, None)
-
-
-def _keys(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], LimitKey]:
-    if not pairs:
-        return {}
-    where = Q()
-    for name, key in pairs:
-        where |= Q(limit=name, key=key)
-    return {(row.limit, row.key): row for row in LimitKey.objects.filter(where)}
-
-
-def running_counts() -> collections.Counter[tuple[str, str]]:
-    """The running steps under each limit and key (step_lease_idx: running rows only)."""
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
-    running = Step.objects.filter(status=StepStatus.RUNNING, limit_turn__isnull=False)
-    for entries in running.values_list("limits", flat=True):
-        for name, key, _weight in entries or ():
-            counts[(name, key)] += 1
-    return counts
 
 
 def _take(

@@ -175,7 +175,7 @@ def declared() -> dict[str, Limit]:
 
 def configured(limit: Limit) -> Numbers:
     """The declaration's numbers with ``TASKS_LIMITS`` applied (an operator's live change
-    wins over both: ``limited_claims.numbers``)."""
+    wins over both: ``limit_standing.numbers``)."""
     override = getattr(settings, "TASKS_LIMITS", {}).get(limit.name)
     if not override:
         return limit.declared

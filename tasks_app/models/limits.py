@@ -37,7 +37,7 @@ class LimitKey(models.Model):
     key = models.CharField(max_length=200, blank=True)
     last_turn = models.BigIntegerField(default=0)
     # The rate's spend, by slice of the period: {"slice": the newest slice's number,
-    # "spent": [units per slice, oldest first]} (limited_claims.Window).
+    # "spent": [units per slice, oldest first]} (limit_standing.Window).
     window = models.JSONField(default=dict, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=200, blank=True)

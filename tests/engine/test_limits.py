@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from tasks_app import services
 from tasks_app.engine import fastpath, leases, runner
-from tasks_app.engine.limited_claims import SLICES, Window
+from tasks_app.engine.limit_standing import SLICES, Window
 from tasks_app.engine.limits import Limit, Rate
 from tasks_app.exceptions import InvalidPayload
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus, Task

@@ -1,0 +1,132 @@
+"""How steps under limits stand against them (``tasks_app.engine.limits``): each limit's
+numbers in effect, its running steps, its rate windows, and why a step may not start now.
+The claims under limits (``limited_claims``) decide by these; the console reads them to
+say why work waits.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import Q
+
+from tasks_app.engine.limits import Limit, Numbers, Rate, configured
+from tasks_app.models import LimitKey, LimitState, Step, StepStatus
+
+# Slices per period in a rate's window.
+SLICES = 20
+
+# Why a due step was not claimed.
+PAUSED = "paused"
+AT_CONCURRENCY = "concurrency"
+AT_RATE = "rate"
+UNKNOWN_LIMIT = "unknown_limit"
+
+
+@dataclass
+class Window:
+    """A rate's spend by slice of its period: ``spent`` covers the ``SLICES + 1`` slices a
+    period ending in slice ``slice`` reaches into, oldest first."""
+
+    width: float
+    slice: int
+    spent: list[int]
+
+    @classmethod
+    def at(cls, stored: dict[str, Any], rate: Rate, now: datetime) -> Window:
+        """The window as stored, moved on to the slice ``now`` is in. Kept under another
+        period (the rate was changed), its whole spend counts as spent now."""
+        width = rate.seconds / SLICES
+        current = math.floor(now.timestamp() / width)
+        spent = [0] * (SLICES + 1)
+        if stored:
+            if stored.get("width") == width:
+                shift = max(current - int(stored["slice"]), 0)
+                kept = list(stored["spent"])[shift:] if shift <= SLICES else []
+                spent = [0] * (SLICES + 1 - len(kept)) + kept
+            else:
+                spent[-1] = sum(stored.get("spent", ()))
+        return cls(width, current, spent)
+
+    @property
+    def used(self) -> int:
+        return sum(self.spent)
+
+    def spend(self, units: int) -> None:
+        self.spent[-1] += units
+
+    def frees_at(self, units: int, count: int) -> datetime | None:
+        """When ``units`` more fit under ``count``, as older slices leave the period."""
+        left = self.used
+        for index, spent in enumerate(self.spent):
+            if left + units <= count:
+                break
+            left -= spent
+            if left + units <= count:
+                leaves = self.slice + index + 1
+                return datetime.fromtimestamp(leaves * self.width, tz=UTC)
+        return None
+
+    def stored(self) -> dict[str, Any]:
+        return {"width": self.width, "slice": self.slice, "spent": self.spent}
+
+
+def numbers(state: LimitState | None, limit: Limit | None) -> Numbers | None:
+    """A limit's numbers in effect: an operator's live change, else the declaration with
+    TASKS_LIMITS; None when neither is known here (this worker does not declare it)."""
+    if state is not None and state.overridden:
+        return Numbers(state.concurrency, Rate.parse(state.rate) if state.rate else None)
+    return configured(limit) if limit is not None else None
+
+
+def refusal(
+    entries: Sequence[Sequence[Any]],
+    effective: dict[str, Numbers | None],
+    keys: dict[tuple[str, str], LimitKey],
+    running: collections.Counter[tuple[str, str]],
+    windows: dict[tuple[str, str], Window],
+) -> tuple[str | None, datetime | None]:
+    """Why a step may not start now (None: it may), and when a rate lets it in."""
+    frees: datetime | None = None
+    for name, key, weight in entries:
+        numbers_ = effective.get(name)
+        if numbers_ is None:
+            return UNKNOWN_LIMIT, None
+        row = keys.get((name, key))
+        if row is not None and row.paused_at is not None:
+            return PAUSED, None
+        if numbers_.concurrency is not None and running[(name, key)] >= numbers_.concurrency:
+            return AT_CONCURRENCY, None
+        window = windows.get((name, key))
+        rate = numbers_.rate
+        if window is not None and rate is not None and window.used + weight > rate.count:
+            # Refused for the rate; it starts once every rate it is under lets it in.
+            at = window.frees_at(weight, rate.count)
+            if at is None:
+                return AT_RATE, None
+            frees = at if frees is None else max(frees, at)
+    return (AT_RATE, frees) if frees is not None else (None, None)
+
+
+def keys_of(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], LimitKey]:
+    if not pairs:
+        return {}
+    where = Q()
+    for name, key in pairs:
+        where |= Q(limit=name, key=key)
+    return {(row.limit, row.key): row for row in LimitKey.objects.filter(where)}
+
+
+def running_counts() -> collections.Counter[tuple[str, str]]:
+    """The running steps under each limit and key (step_lease_idx: running rows only)."""
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    running = Step.objects.filter(status=StepStatus.RUNNING, limit_turn__isnull=False)
+    for entries in running.values_list("limits", flat=True):
+        for name, key, _weight in entries or ():
+            counts[(name, key)] += 1
+    return counts
