@@ -18,15 +18,15 @@ from django.db import connection
 from django.utils import timezone
 
 from tasks_app import services
-from tasks_app.engine import fastpath, leases, runner
-from tasks_app.engine.limit_standing import SLICES, Window
+from tasks_app.engine import leases, runner
+from tasks_app.engine.limit_standing import Window
 from tasks_app.engine.limits import Limit, Rate
 from tasks_app.exceptions import InvalidPayload
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus, Task
-from tasks_app.services import Claim
 from tasks_app.workflows import StepSpec, Workflow, register, registry
 from tests.conftest import BrokerView, only_step, together
 from tests.lease_support import WORKER
+from tests.limit_support import claim, finish, refill_rate
 
 LIMITED = "test.limited"
 PER_CUSTOMER = Limit("customers", concurrency=2, key="customer")
@@ -49,29 +49,6 @@ def limited() -> Iterator[str]:
 def enqueue(customer: str, cost: int = 1, **options: Any) -> Step:
     task = services.enqueue(LIMITED, {"customer": customer, "cost": cost}, **options).task
     return only_step(task)
-
-
-# The claims taken, by step id, for finish() to complete.
-HELD: dict[int, Claim] = {}
-
-
-def claim(limit: int = 50, **options: Any) -> list[int]:
-    options.setdefault("queue", "default")
-    claims = fastpath.claim_batch(worker_id=WORKER, limit=limit, **options)
-    HELD.update({c.step_id: c for c in claims})
-    return [c.step_id for c in claims]
-
-
-def finish(step_ids: list[int]) -> None:
-    fastpath.complete_many([(HELD.pop(pk), {}) for pk in step_ids])
-
-
-def refill_rate() -> None:
-    """A period later: every rate window's spend has left it."""
-    for row in LimitKey.objects.exclude(window={}):
-        window = dict(row.window)
-        window["slice"] -= SLICES + 1
-        LimitKey.objects.filter(pk=row.pk).update(window=window)
 
 
 # --- declarations ---------------------------------------------------------------------------
