@@ -111,6 +111,17 @@ class RetryableError(HandlerError):
     """Try again after a backoff, while attempts remain."""
 
 
+class RateLimited(RetryableError):
+    """A remote said "too many requests" (HTTP 429), and when to come back: the step is
+    retried after ``retry_after`` seconds (its attempt is spent, so a remote that never
+    lets it in still dead-letters it in the end), and every limit key the step runs under
+    is held until then, so the steps waiting behind it stay pending and spend nothing."""
+
+    def __init__(self, message: str = "", *, retry_after: float) -> None:
+        super().__init__(message or f"too many requests: retry after {retry_after:g} s")
+        self.retry_after = float(retry_after)
+
+
 class PermanentError(HandlerError):
     """Retrying cannot help: dead-letter now."""
 

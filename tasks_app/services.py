@@ -11,6 +11,7 @@ modules that hold them (one concern each).
 | ``engine.leases`` | claim, heartbeat, complete, fail, stale writes |
 | ``engine.waiting`` | opening, closing, revising approval steps; a person's own draft |
 | ``operations.operator_actions`` | redrive, resolve, cancel, pause and resume, bulk actions |
+| ``operations.limits`` | a limit changed live (previewed first), a limit's key paused and resumed |
 | ``engine.sweeper`` | reaping expired leases, ringing again for due steps, registered jobs |
 
 Each function changes state in one transaction and writes the Event of each transition
@@ -52,6 +53,13 @@ from tasks_app.engine.transitions import (
 )
 from tasks_app.engine.waiting import close_approval_step, open_approval_step, replace_draft, revise
 from tasks_app.history.events import event_error, record_event
+from tasks_app.operations.limits import (
+    change_limit,
+    pause_key,
+    preview_change,
+    reset_limit,
+    resume_key,
+)
 from tasks_app.operations.operator_actions import (
     BULK_ACTIONS,
     BulkReport,
@@ -86,6 +94,7 @@ __all__ = [
     "bulk_limit",
     "bump_counter",
     "cancel",
+    "change_limit",
     "check_bulk",
     "check_params",
     "check_permission",
@@ -103,8 +112,10 @@ __all__ = [
     "lock_task",
     "new_plan_id",
     "open_approval_step",
+    "pause_key",
     "pause_queue",
     "paused_queues",
+    "preview_change",
     "reap_expired_leases",
     "record_event",
     "redispatch_due",
@@ -113,7 +124,9 @@ __all__ = [
     "reject_stale",
     "release_claim",
     "replace_draft",
+    "reset_limit",
     "resolve",
+    "resume_key",
     "resume_queue",
     "revise",
     "run_action",

@@ -1,9 +1,10 @@
 """Where a producer declares its workflows: the names of ``tasks_app.engine.workflows``
 that code outside the core uses (``Workflow``, ``StepSpec``, ``register``, the handler's
-``StepContext``...)."""
+``StepContext``, ``Limit``...)."""
 
 from __future__ import annotations
 
+from tasks_app.engine.limits import Limit
 from tasks_app.engine.workflows import (
     AwaitDecision,
     Handler,
@@ -20,6 +21,7 @@ from tasks_app.engine.workflows import (
 __all__ = [
     "AwaitDecision",
     "Handler",
+    "Limit",
     "PayloadValidator",
     "Registry",
     "StepContext",

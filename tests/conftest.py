@@ -45,6 +45,9 @@ def ensure_groups() -> None:
             "tasks_app.migrations.0002_event_append_only_and_groups"
         )
         migration.create_groups(django_apps, None)
+    if not Group.objects.filter(name="oncall", permissions__codename="change_limits").exists():
+        limits = importlib.import_module("tasks_app.migrations.0024_limit_actions")
+        limits.give_permission(django_apps, None)
     editors = importlib.import_module("approvals.migrations.0002_editors_group")
     for name in ("editors", "senior_editors"):
         if not Group.objects.filter(name=name).exists():

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from tasks_app.engine.limits import Limit, Numbers, Rate, configured
+from tasks_app.engine.limits import Limit, Numbers, Rate, configured, declared
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus
 
 # Slices per period in a rate's window.
@@ -25,6 +25,7 @@ SLICES = 20
 PAUSED = "paused"
 AT_CONCURRENCY = "concurrency"
 AT_RATE = "rate"
+HELD = "held"
 UNKNOWN_LIMIT = "unknown_limit"
 
 
@@ -84,33 +85,91 @@ def numbers(state: LimitState | None, limit: Limit | None) -> Numbers | None:
     return configured(limit) if limit is not None else None
 
 
-def refusal(
-    entries: Sequence[Sequence[Any]],
-    effective: dict[str, Numbers | None],
-    keys: dict[tuple[str, str], LimitKey],
-    running: collections.Counter[tuple[str, str]],
-    windows: dict[tuple[str, str], Window],
-) -> tuple[str | None, datetime | None]:
-    """Why a step may not start now (None: it may), and when a rate lets it in."""
-    frees: datetime | None = None
-    for name, key, weight in entries:
-        numbers_ = effective.get(name)
-        if numbers_ is None:
-            return UNKNOWN_LIMIT, None
-        row = keys.get((name, key))
-        if row is not None and row.paused_at is not None:
-            return PAUSED, None
-        if numbers_.concurrency is not None and running[(name, key)] >= numbers_.concurrency:
-            return AT_CONCURRENCY, None
-        window = windows.get((name, key))
-        rate = numbers_.rate
-        if window is not None and rate is not None and window.used + weight > rate.count:
-            # Refused for the rate; it starts once every rate it is under lets it in.
-            at = window.frees_at(weight, rate.count)
-            if at is None:
-                return AT_RATE, None
-            frees = at if frees is None else max(frees, at)
-    return (AT_RATE, frees) if frees is not None else (None, None)
+@dataclass(frozen=True)
+class Refusal:
+    """Why a step may not start now: what holds it (``PAUSED``, ``HELD``,
+    ``AT_CONCURRENCY``, ``AT_RATE``, ``UNKNOWN_LIMIT``), under which limit and key, and when
+    that lets it in (None: when something else happens, such as a running step ending or a
+    person resuming the key)."""
+
+    why: str
+    limit: str
+    key: str
+    until: datetime | None = None
+
+
+@dataclass
+class Standing:
+    """The limits of some keys as they stand at ``now``: each limit's numbers in effect,
+    each key's row, the running steps and the rate windows. A claim reads it under its
+    lock; the console reads it to say why a step waits."""
+
+    now: datetime
+    pairs: set[tuple[str, str]]
+    states: dict[str, LimitState]
+    effective: dict[str, Numbers | None]
+    keys: dict[tuple[str, str], LimitKey]
+    running: collections.Counter[tuple[str, str]]
+    windows: dict[tuple[str, str], Window]
+
+    @classmethod
+    def read(cls, pairs: set[tuple[str, str]], now: datetime) -> Standing:
+        names = {name for name, _ in pairs}
+        states = {state.name: state for state in LimitState.objects.filter(name__in=names)}
+        known = declared()
+        effective = {name: numbers(states.get(name), known.get(name)) for name in names}
+        standing = cls(now, pairs, states, effective, keys_of(pairs), running_counts(), {})
+        standing.reset_windows()
+        return standing
+
+    def reset_windows(self) -> None:
+        """The rate windows as stored (dropping spends counted since the read)."""
+        self.windows = {}
+        for name, key in self.pairs:
+            numbers_ = self.effective.get(name)
+            if numbers_ is not None and numbers_.rate is not None:
+                row = self.keys.get((name, key))
+                self.windows[(name, key)] = Window.at(
+                    row.window if row else {}, numbers_.rate, self.now
+                )
+
+    def admit(self, entries: Sequence[Sequence[Any]]) -> None:
+        """Count a step as started: its running slots, and its spend of each rate."""
+        for name, key, weight in entries:
+            self.running[(name, key)] += 1
+            if (name, key) in self.windows:
+                self.windows[(name, key)].spend(weight)
+
+    def refusal(self, entries: Sequence[Sequence[Any]]) -> Refusal | None:
+        """Why a step under ``entries`` (``Step.limits``) may not start now; None: it may."""
+        latest: Refusal | None = None
+        for name, key, weight in entries:
+            numbers_ = self.effective.get(name)
+            if numbers_ is None:
+                return Refusal(UNKNOWN_LIMIT, name, key)
+            row = self.keys.get((name, key))
+            if row is not None and row.paused_at is not None:
+                return Refusal(PAUSED, name, key)
+            if numbers_.concurrency is not None and (
+                self.running[(name, key)] >= numbers_.concurrency
+            ):
+                return Refusal(AT_CONCURRENCY, name, key)
+            waits: list[Refusal] = []
+            if row is not None and row.held_until is not None and row.held_until > self.now:
+                waits.append(Refusal(HELD, name, key, row.held_until))
+            window = self.windows.get((name, key))
+            rate = numbers_.rate
+            if window is not None and rate is not None and window.used + weight > rate.count:
+                at = window.frees_at(weight, rate.count)
+                if at is None:
+                    return Refusal(AT_RATE, name, key)
+                waits.append(Refusal(AT_RATE, name, key, at))
+            # It starts once every rate and hold it is under lets it in: the latest names it.
+            for wait in waits:
+                assert wait.until is not None
+                if latest is None or latest.until is None or wait.until > latest.until:
+                    latest = wait
+        return latest
 
 
 def keys_of(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], LimitKey]:

@@ -22,25 +22,20 @@ the claim rings once for the time it frees (:attr:`Claimed.retry_at`).
 from __future__ import annotations
 
 import collections
+import math
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Q
 
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim
-from tasks_app.engine.limit_standing import (
-    Window,
-    keys_of,
-    numbers,
-    refusal,
-    running_counts,
-)
-from tasks_app.engine.limits import Numbers, Rate, declared
+from tasks_app.engine.limit_standing import AT_RATE, HELD, Standing, Window
 from tasks_app.engine.states import start_attempts
 from tasks_app.engine.transitions import paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
@@ -49,6 +44,8 @@ from tasks_app.models import LimitKey, LimitState, Step, StepStatus, Task
 
 # Due steps under limits read per claim, in claim order.
 SCAN = 500
+# The longest a remote's "retry after" holds a key (exceptions.RateLimited).
+MAX_HOLD_SECONDS = 3600.0
 # The advisory lock every claim under limits takes first (PostgreSQL).
 LOCK = zlib.crc32(b"tasks_app.limited_claims")
 
@@ -189,44 +186,27 @@ def turn_owner(entries: Iterable[Sequence[Any]]) -> str | None:
 
 def _decide(candidates: Sequence[Step], limit: int, now: datetime) -> _Decision:
     pairs = {(name, key) for step in candidates for name, key, _ in step.limits or ()}
-    names = {name for name, _ in pairs}
-    states = {state.name: state for state in LimitState.objects.filter(name__in=names)}
-    known = declared()
-    effective = {name: numbers(states.get(name), known.get(name)) for name in names}
-    keys = keys_of(pairs)
-    running = running_counts()
-    windows: dict[tuple[str, str], Window] = {}
-    for name, key in pairs:
-        numbers_ = effective[name]
-        rate = numbers_.rate if numbers_ is not None else None
-        if rate is not None:
-            row = keys.get((name, key))
-            windows[(name, key)] = Window.at(row.window if row else {}, rate, now)
+    standing = Standing.read(pairs, now)
     admitted: list[Step] = []
     retry_at: datetime | None = None
+    refused_by: set[str] = set()
     for step in candidates:
         if len(admitted) == limit:
             break
         entries = step.limits or ()
-        why, frees = refusal(entries, effective, keys, running, windows)
-        if why is None:
+        refused = standing.refusal(entries)
+        if refused is None:
             admitted.append(step)
-            for name, key, weight in entries:
-                running[(name, key)] += 1
-                if (name, key) in windows:
-                    windows[(name, key)].spend(weight)
-        elif frees is not None:
-            retry_at = frees if retry_at is None else min(retry_at, frees)
+            standing.admit(entries)
+            continue
+        refused_by.add(refused.limit)
+        if refused.until is not None and refused.why in (AT_RATE, HELD):
+            retry_at = refused.until if retry_at is None else min(retry_at, refused.until)
+    if refused_by:
+        counting.add({f"{counting.LIMIT_REFUSED}:{name}": 1 for name in refused_by})
     # The tentative spends are dropped: book() spends for the steps actually claimed.
-    for name, key in list(windows):
-        row = keys.get((name, key))
-        windows[(name, key)] = Window.at(row.window if row else {}, _rate(effective[name]), now)
-    return _Decision(admitted, windows, states, retry_at)
-
-
-def _rate(numbers: Numbers | None) -> Rate:
-    assert numbers is not None and numbers.rate is not None
-    return numbers.rate
+    standing.reset_windows()
+    return _Decision(admitted, standing.windows, standing.states, retry_at)
 
 
 def _take(
@@ -251,6 +231,26 @@ def _take(
     start_attempts(ids, worker_id=worker_id, lease_seconds=lease_seconds, at=now)
     taken = Step.objects.select_related("task").in_bulk(ids)
     return [taken[pk] for pk in ids]
+
+
+def hold(entries: Iterable[Sequence[Any]], seconds: float, reason: str) -> float:
+    """Hold every key of a step's limits (``Step.limits``) for ``seconds`` from now (at
+    most ``MAX_HOLD_SECONDS``; a later hold already in place stays): a remote asked to be
+    left alone that long. Returns the seconds held."""
+    if not math.isfinite(seconds) or seconds < 0:
+        seconds = 0.0
+    seconds = min(seconds, MAX_HOLD_SECONDS)
+    pairs = sorted({(str(name), str(key)) for name, key, _weight in entries})
+    if not pairs or seconds == 0:
+        return seconds
+    with transaction.atomic():
+        until = db_now() + timedelta(seconds=seconds)
+        # In key order, as the claims write them (_Decision.book).
+        for name, key in pairs:
+            LimitKey.objects.filter(limit=name, key=key).filter(
+                Q(held_until__isnull=True) | Q(held_until__lt=until)
+            ).update(held_until=until, held_reason=reason[:500])
+    return seconds
 
 
 def assign_turns(

@@ -28,6 +28,7 @@ from tasks_app.exceptions import (
     InvalidInput,
     OutcomeUnknown,
     PermanentError,
+    RateLimited,
     UndecodableValue,
     error_class,
     error_text,
@@ -173,6 +174,15 @@ def _run_one(claim: leases.Claim, step: Step) -> Any:
         _dead(claim, UNDECODABLE_PAYLOAD, str(exc), UNDECODABLE_PAYLOAD)
     except PERMANENT as exc:
         _dead(claim, error_class(exc), error_text(exc), "permanent_error")
+    except RateLimited as exc:
+        # The remote's own word on when to come back: the keys the step runs under wait
+        # that long too, so the steps behind it are not claimed only to meet a 429 as well.
+        lease_keeper.forget(claim)
+        seconds = limited_claims.hold(step.limits or (), exc.retry_after, error_text(exc))
+        message = error_text(exc)
+        leases.fail_step(
+            claim, error_class=error_class(exc), message=message, retry_in=seconds, reason=""
+        )
     except Exception as exc:
         _retry(claim, spec, exc)
     else:

@@ -37,6 +37,8 @@ SHARDS = 16
 # written before the histogram was kept per workflow; the metrics add them in.
 ENQUEUED = "enqueued"
 CLAIMED = "claimed"
+# Claims in which a limit held back a due step, per limit: "limit_refused:<limit>".
+LIMIT_REFUSED = "limit_refused"
 STEP_SECONDS = "step_seconds"
 # Events of these kinds are counted as they are written ("event:<kind>"): the rare
 # transitions and the operator actions. All of them go through history.events.record_event

@@ -41,6 +41,11 @@ class EventKind(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
     QUEUE_PAUSED = "queue_paused", "Queue paused"
     QUEUE_RESUMED = "queue_resumed", "Queue resumed"
+    # Flow control (tasks_app.operations.limits): a limit's numbers changed live, one key
+    # of a limit paused or resumed.
+    LIMIT_CHANGED = "limit_changed", "Limit changed"
+    LIMIT_KEY_PAUSED = "limit_key_paused", "Limit key paused"
+    LIMIT_KEY_RESUMED = "limit_key_resumed", "Limit key resumed"
 
 
 # Operator actions: kept for the longer audit retention.
@@ -57,6 +62,9 @@ OPERATOR_EVENT_KINDS = frozenset(
         EventKind.CANCELLED,
         EventKind.QUEUE_PAUSED,
         EventKind.QUEUE_RESUMED,
+        EventKind.LIMIT_CHANGED,
+        EventKind.LIMIT_KEY_PAUSED,
+        EventKind.LIMIT_KEY_RESUMED,
     }
 )
 

@@ -42,6 +42,10 @@ class LimitKey(models.Model):
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=200, blank=True)
     paused_reason = models.TextField(blank=True)
+    # A remote answered "too many requests, try after ...": no step under this key starts
+    # before then (exceptions.RateLimited).
+    held_until = models.DateTimeField(null=True, blank=True)
+    held_reason = models.TextField(blank=True)
 
     class Meta:
         constraints = [

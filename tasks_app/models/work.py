@@ -99,6 +99,7 @@ class Task(models.Model):
             ("resolve_task", "Can resolve a dead task by hand"),
             ("cancel_task", "Can cancel a task"),
             ("pause_queue", "Can pause and resume a queue"),
+            ("change_limits", "Can change a limit and pause its keys"),
             ("view_audit_log", "Can read the audit log"),
             ("export_audit_log", "Can export the audit log"),
         ]

@@ -73,6 +73,8 @@ FROM_DATA = (
     "policy",
     "ran",
     "running_step",
+    "limit",
+    "key",
 )
 # Free text is cut to this many characters.
 SHORT = 200

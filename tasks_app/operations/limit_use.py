@@ -1,0 +1,244 @@
+"""Flow control as on-call sees it (``tasks_app.engine.limits``): each limit's use now
+(running, spent this period, waiting), its keys at their limit and the tasks that hold
+them, and what holds one waiting step back. Read by the Limits page, the metrics and
+``tasks_app.operations.why``; the live changes are ``tasks_app.operations.limits``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from tasks_app.db.clock import db_now
+from tasks_app.engine.limit_standing import Refusal, Standing, numbers
+from tasks_app.engine.limits import Numbers, configured, declared
+from tasks_app.exceptions import InvalidInput
+from tasks_app.models import LimitKey, LimitState, Step, StepStatus
+
+type Pair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class KeyUse:
+    """One key of a limit now ('' for an unpartitioned limit)."""
+
+    key: str
+    running: int
+    waiting: int
+    # Units of the rate spent in the period that ends now (None: the limit has no rate).
+    spent: int | None
+    numbers: Numbers | None
+    # Tasks with a step running under this key (few: at most the concurrency).
+    holders: tuple[int, ...] = ()
+    paused_at: datetime | None = None
+    paused_by: str = ""
+    paused_reason: str = ""
+    held_until: datetime | None = None
+    held_reason: str = ""
+    # When the rate lets one more unit in (None: it has room, or no rate).
+    next_free: datetime | None = None
+
+    @property
+    def at_concurrency(self) -> bool:
+        cap = self.numbers.concurrency if self.numbers else None
+        return cap is not None and self.running >= cap
+
+    @property
+    def at_rate(self) -> bool:
+        rate = self.numbers.rate if self.numbers else None
+        return rate is not None and self.spent is not None and self.spent >= rate.count
+
+    @property
+    def at_limit(self) -> bool:
+        return self.paused_at is not None or self.at_concurrency or self.at_rate
+
+
+@dataclass(frozen=True)
+class LimitUse:
+    """A limit now: its numbers in effect and where they come from, and its keys."""
+
+    name: str
+    numbers: Numbers | None
+    # The declaration with TASKS_LIMITS applied (None: no workflow here declares it).
+    configured: Numbers | None
+    overridden: bool
+    changed_by: str
+    changed_at: datetime | None
+    partitioned: bool
+    workflows: tuple[str, ...]
+    keys: tuple[KeyUse, ...] = field(default=())
+
+    @property
+    def running(self) -> int:
+        return sum(key.running for key in self.keys)
+
+    @property
+    def waiting(self) -> int:
+        return sum(key.waiting for key in self.keys)
+
+    @property
+    def spent(self) -> int:
+        return sum(key.spent or 0 for key in self.keys)
+
+    @property
+    def at_limit(self) -> tuple[KeyUse, ...]:
+        return tuple(key for key in self.keys if key.at_limit)
+
+    @property
+    def paused(self) -> tuple[KeyUse, ...]:
+        return tuple(key for key in self.keys if key.paused_at is not None)
+
+    @property
+    def source(self) -> str:
+        if self.overridden:
+            return "changed live"
+        if self.configured is not None and self.name in _settings():
+            return "TASKS_LIMITS"
+        return "code" if self.configured is not None else "unknown here"
+
+
+def _settings() -> dict[str, Any]:
+    from django.conf import settings
+
+    return dict(getattr(settings, "TASKS_LIMITS", {}))
+
+
+def _workflows_of() -> dict[str, list[str]]:
+    """The workflows declaring each limit (their latest versions here)."""
+    from tasks_app.engine.workflows import registry
+
+    names: dict[str, list[str]] = collections.defaultdict(list)
+    for name in registry.names():
+        for limit in registry.latest(name).all_limits():
+            names[limit.name].append(name)
+    return names
+
+
+def waiting_counts(names: Iterable[str] | None = None) -> collections.Counter[Pair]:
+    """Due pending steps under each limit and key (step_limited_due_idx)."""
+    wanted = set(names) if names is not None else None
+    counts: collections.Counter[Pair] = collections.Counter()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT e->>0, e->>1, count(*) FROM tasks_app_step s,"
+                " jsonb_array_elements(s.limits) e"
+                " WHERE s.status = 'pending' AND s.limit_turn IS NOT NULL"
+                " AND s.available_at <= statement_timestamp() GROUP BY 1, 2"
+            )
+            rows: Iterable[tuple[str, str, int]] = cursor.fetchall()
+    else:
+        pending = Step.objects.due().filter(limit_turn__isnull=False)
+        tally: collections.Counter[Pair] = collections.Counter(
+            (name, key)
+            for entries in pending.values_list("limits", flat=True)
+            for name, key, _ in entries or ()
+        )
+        rows = [(name, key, n) for (name, key), n in tally.items()]
+    for name, key, count in rows:
+        if wanted is None or name in wanted:
+            counts[(name, key)] += count
+    return counts
+
+
+def holders(pairs: Iterable[Pair] | None = None) -> dict[Pair, list[int]]:
+    """The tasks with a step running under each limit and key, oldest claim first."""
+    wanted = set(pairs) if pairs is not None else None
+    held: dict[Pair, list[int]] = collections.defaultdict(list)
+    running = Step.objects.filter(status=StepStatus.RUNNING, limit_turn__isnull=False)
+    for task_id, entries in running.order_by("started_at", "pk").values_list("task_id", "limits"):
+        for name, key, _ in entries or ():
+            if wanted is None or (name, key) in wanted:
+                held[(name, key)].append(task_id)
+    return held
+
+
+def uses(now: datetime | None = None) -> list[LimitUse]:
+    """Every limit the workflows here declare or the database knows, by name."""
+    now = now or db_now()
+    known = declared()
+    states = {state.name: state for state in LimitState.objects.all()}
+    names = sorted(set(known) | set(states))
+    waiting = waiting_counts(names)
+    rows = {(row.limit, row.key): row for row in LimitKey.objects.filter(limit__in=names)}
+    pairs = set(rows) | set(waiting)
+    standing = Standing.read(pairs, now)
+    held = holders(pairs)
+    flows = _workflows_of()
+    result = []
+    for name in names:
+        limit = known.get(name)
+        state = states.get(name)
+        in_effect = numbers(state, limit)
+        keys = [
+            _key_use(pair, in_effect, standing, waiting, rows.get(pair), held.get(pair, []))
+            for pair in sorted(pair for pair in pairs if pair[0] == name)
+        ]
+        keys.sort(key=lambda use: (not use.at_limit, -use.waiting, -use.running, use.key))
+        result.append(
+            LimitUse(
+                name=name,
+                numbers=in_effect,
+                configured=configured(limit) if limit is not None else None,
+                overridden=bool(state and state.overridden),
+                changed_by=state.changed_by if state else "",
+                changed_at=state.changed_at if state else None,
+                partitioned=bool(limit and limit.key is not None) or any(key.key for key in keys),
+                workflows=tuple(flows.get(name, ())),
+                keys=tuple(keys),
+            )
+        )
+    return result
+
+
+def _key_use(
+    pair: Pair,
+    in_effect: Numbers | None,
+    standing: Standing,
+    waiting: collections.Counter[Pair],
+    row: LimitKey | None,
+    held: list[int],
+) -> KeyUse:
+    window = standing.windows.get(pair)
+    rate = in_effect.rate if in_effect else None
+    next_free = None
+    if window is not None and rate is not None and window.used >= rate.count:
+        next_free = window.frees_at(1, rate.count)
+    return KeyUse(
+        key=pair[1],
+        running=standing.running[pair],
+        waiting=waiting[pair],
+        spent=window.used if window is not None else None,
+        numbers=in_effect,
+        holders=tuple(held),
+        paused_at=row.paused_at if row else None,
+        paused_by=row.paused_by if row else "",
+        paused_reason=row.paused_reason if row else "",
+        held_until=_live(row.held_until if row else None, standing.now),
+        held_reason=row.held_reason if row else "",
+        next_free=next_free,
+    )
+
+
+def _live(until: datetime | None, now: datetime) -> datetime | None:
+    return until if until is not None and until > now else None
+
+
+def use_of(name: Any) -> LimitUse:
+    """One limit now; :class:`InvalidInput` (``name``, ``unknown_limit``) if none is known."""
+    for use in uses():
+        if use.name == name:
+            return use
+    raise InvalidInput("name", "unknown_limit", f"name: no limit is called {name!r}")
+
+
+def holding(entries: Sequence[Sequence[Any]] | None, now: datetime | None = None) -> Refusal | None:
+    """What holds a due step under ``entries`` (``Step.limits``) back now, if anything."""
+    entries = entries or ()
+    pairs = {(str(name), str(key)) for name, key, _ in entries}
+    return Standing.read(pairs, now or db_now()).refusal(entries) if pairs else None
