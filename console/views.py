@@ -38,7 +38,7 @@ from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.engine import presence
 from tasks_app.models import Task, TaskStatus
-from tasks_app.operations import listings, selectors
+from tasks_app.operations import listings, selectors, why, why_counts
 from tasks_app.operations.task_actions import ACTIONS
 
 
@@ -148,6 +148,8 @@ def overview(request: ConsoleRequest) -> HttpResponse:
         "chart": charts.throughput_chart(summary.throughput),
         "workers": workers,
         "workers_by_state": presence.by_state(workers),
+        # What steps wait on, counted by reason (tasks_app.operations.why_counts).
+        "waiting": why_counts.waiting(summary.now),
     }
     return render_page(request, "console/overview.html", context, partial="overview")
 
@@ -160,9 +162,11 @@ def overview(request: ConsoleRequest) -> HttpResponse:
 @reads_filter(TaskFilterForm)
 def task_list(request: ConsoleRequest, form: TaskFilterForm) -> HttpResponse:
     page = listings.task_page(form.filters(), after=form.cursor())
-    return render_page(
-        request, "console/tasks.html", {"form": form, "page": page}, partial="results"
-    )
+    # What holds each row back, for the whole page at once (a few queries, not per row).
+    blockers = why.why_many(page.rows)
+    rows = [(task, blockers.get(task.pk, [])) for task in page.rows]
+    context = {"form": form, "page": page, "rows": rows}
+    return render_page(request, "console/tasks.html", context, partial="results")
 
 
 @require_GET
@@ -216,6 +220,8 @@ def _task_page(
         # The offered actions' forms, each with its bound form: the template loops over them.
         "page_forms": [(made, bound[f"{made.key}_form"]) for made in offered],
         "lanes": lanes,
+        # "Why isn't this running?": what holds the task back ([] once it has ended).
+        "why": why.why(task),
         "error": error,
         **bound,
         # Every few seconds while the task is at work; slower while it is dead (someone
