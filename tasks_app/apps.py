@@ -1,6 +1,6 @@
 """The core's app: when Django starts, the shipped workflows and every installed app's
-``workflows`` module register, the doorbell backstop hooks into the worker, and each
-PostgreSQL session is named for its process."""
+``workflows`` module register, the doorbell backstop hooks into the worker, each
+PostgreSQL session is named for its process, and the system check reads ``TASKS_LIMITS``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from django.apps import AppConfig
+from django.core import checks
 from django.db.backends.signals import connection_created
 from django.utils.module_loading import autodiscover_modules
 
@@ -37,6 +38,26 @@ def _register_sweep_jobs() -> None:
     register_sweep_job("pruned", retention.sweep_tasks)
     register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
     register_sweep_job("workflow_samples", workflow_samples.sample)
+
+
+def check_limits_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``TASKS_LIMITS`` as the system check reads it (``tasks_app.engine.limits``): a value
+    the claims cannot read, or a name no workflow declares, would otherwise be found only
+    by a worker in the middle of a claim, or never (an override of a misspelt name is
+    silently no override at all). Run after every workflow registered, so each declared
+    limit is known."""
+    from tasks_app.engine.limits import check_settings, declared
+
+    return [
+        checks.Error(
+            problem,
+            hint="TASKS_LIMITS maps the name of a limit a workflow declares to "
+            "{'concurrency': <whole number>, 'rate': '<count>/<period>'}, such as "
+            "{'llm': {'rate': '300/m'}}.",
+            id="tasks_app.E002",
+        )
+        for problem in check_settings(declared())
+    ]
 
 
 def _listen_to_events() -> None:
@@ -68,3 +89,4 @@ class TasksAppConfig(AppConfig):
         autodiscover_modules("workflows")
 
         connection_created.connect(_name_the_session, dispatch_uid="tasks_app.session_name")
+        checks.register(check_limits_setting)

@@ -13,10 +13,11 @@ from tasks_app.exceptions import (
     InvalidPayload,
     OutcomeUnknown,
     PermanentError,
+    RateLimited,
     RetryableError,
     refuse_all,
 )
-from tasks_app.workflows import StepContext, StepSpec, Workflow, register
+from tasks_app.workflows import Limit, StepContext, StepSpec, Workflow, register
 
 FLAKY_ERRORS = {
     "retryable": RetryableError,
@@ -90,5 +91,64 @@ register(
         steps=(StepSpec("flaky", flaky, max_attempts=3, backoff_base=0.1, backoff_cap=1.0),),
         validate_payload=validate_flaky,
         description="Fails on demand, for retries and dead letters.",
+    )
+)
+
+
+# The demo's model provider lets six calls a minute in, and one summary per customer runs at
+# a time: the seed's dozen summaries (seed_demo.SUMMARIES) wait for each in turn.
+DEMO_LLM = Limit("demo_llm", rate="6/m")
+DEMO_CUSTOMER = Limit("demo_customer", concurrency=1, key="customer_id")
+# Seconds a page of a document takes to summarize, and the longest a summary takes.
+SECONDS_PER_PAGE = 0.5
+MAX_SUMMARY_SECONDS = 5.0
+# What the fake provider asks for when it answers 429.
+RETRY_AFTER_SECONDS = 30.0
+
+
+def validate_summary(payload: dict[str, Any]) -> None:
+    errors: list[InvalidInput] = []
+    customer = payload.get("customer_id")
+    if not isinstance(customer, str) or not customer:
+        errors.append(
+            InvalidPayload("payload.customer_id", "required", "payload.customer_id: text")
+        )
+    for name, lowest in (("pages", 1), ("throttled_first", 0)):
+        value = payload.get(name, lowest)
+        if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= 1000:
+            errors.append(
+                InvalidPayload(
+                    f"payload.{name}", "range", f"payload.{name}: a whole number {lowest}-1000"
+                )
+            )
+    refuse_all(errors)
+
+
+def llm_summary(ctx: StepContext) -> dict[str, Any]:
+    """A stand-in for a call to a language model that summarizes a customer's document:
+    it takes half a second a page (at most five), and on its first ``throttled_first``
+    claims the provider answers 429, so the step and every step under its limits wait the
+    provider's retry-after (``RateLimited``)."""
+    payload = ctx.payload
+    if ctx.fencing_token <= int(payload.get("throttled_first", 0)):
+        raise RateLimited("the model provider answered 429", retry_after=RETRY_AFTER_SECONDS)
+    pages = int(payload.get("pages", 1))
+    pause(ctx, min(pages * SECONDS_PER_PAGE, MAX_SUMMARY_SECONDS))
+    document = str(payload.get("document", "a document"))
+    return {
+        "summary": f"{document}, {pages} page{'s' if pages != 1 else ''}: the key points.",
+        "model": "demo-llm",
+        "tokens": 350 * pages,
+    }
+
+
+register(
+    Workflow(
+        "demo.llm_summary",
+        1,
+        steps=(StepSpec("summarize", llm_summary, limits=(DEMO_LLM, DEMO_CUSTOMER)),),
+        validate_payload=validate_summary,
+        description="Summarizes a customer's document with a rate-limited model, one at a "
+        "time per customer.",
     )
 )

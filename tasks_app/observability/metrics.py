@@ -1,10 +1,13 @@
 """Prometheus metrics, read from the database so any web process reports the whole system.
 
-Two kinds of figures:
+Three kinds of figures:
 
 - **Now** (gauges): active tasks and dead steps, queue depth and lag, paused queues,
   workers, the sweeper's last run. Each is read from a partial index of active rows or a
   small table, so the cost follows the work in flight, not the finished history.
+- **Limits** (``tasks_app.observability.limit_metrics``): per limit, its steps running and
+  waiting, its numbers in effect, its keys at their limit, its refusals, and whether it
+  is saturated.
 - **Since the start** (counters, histograms): rows of the ``Counter`` table
   (``tasks_app.history.counting``), added to in the transaction of the change they count
   (enqueues, claims, the run time of steps that succeeded, the rare and operator events;
@@ -38,6 +41,7 @@ from tasks_app.history.counting import (
     step_seconds_histogram,
 )
 from tasks_app.models import Step, StepStatus, Task, TaskStatus
+from tasks_app.observability.limit_metrics import limit_metrics
 from tasks_app.operations import selectors
 from tasks_app.operations.retention import PRUNED_COUNTER_PREFIX
 
@@ -134,9 +138,8 @@ def work_now() -> Iterator[Metric]:
     )
 
 
-def history() -> Iterator[Metric]:
-    totals = counting.totals()
-
+def history(totals: Mapping[str, int]) -> Iterator[Metric]:
+    """The counters' figures; ``totals`` as :func:`counting.totals` reads them."""
     enqueued = CounterMetricFamily(
         "tasks_enqueued", "Tasks created by enqueue.", labels=["workflow"]
     )
@@ -188,8 +191,11 @@ def history() -> Iterator[Metric]:
 
 class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
+        # The counters are read once per scrape, for the history and the limits alike.
+        totals = counting.totals()
         yield from work_now()
-        yield from history()
+        yield from history(totals)
+        yield from limit_metrics(totals)
         for part in list(_parts.values()):
             yield from part()
 

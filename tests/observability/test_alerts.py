@@ -24,8 +24,8 @@ ALERTS = ROOT / "docs" / "alerts.yml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 UNIT_TESTS = ROOT / "tests" / "alerts_test.yml"
 
-# What /metrics exports (tasks_app.observability.metrics), by type. A rule reading any other name
-# would never fire, silently.
+# What /metrics exports (tasks_app.observability.metrics and limit_metrics), by type. A rule
+# reading any other name would never fire, silently.
 GAUGES = {
     "tasks_tasks",
     "tasks_dead_steps",
@@ -38,6 +38,17 @@ GAUGES = {
     "tasks_approvals_pending",
     "tasks_approval_oldest_pending_age_seconds",
     "tasks_login_usernames_slowed",
+    "tasks_limit_running_steps",
+    "tasks_limit_waiting_steps",
+    "tasks_limit_concurrency",
+    "tasks_limit_active_keys",
+    "tasks_limit_keys_at_limit",
+    "tasks_limit_keys_paused",
+    "tasks_limit_keys_held",
+    "tasks_limit_rate_units",
+    "tasks_limit_rate_period_seconds",
+    "tasks_limit_rate_spent_units",
+    "tasks_limit_saturated",
 }
 COUNTERS = {
     "tasks_enqueued_total",
@@ -46,6 +57,7 @@ COUNTERS = {
     "tasks_claims_total",
     "tasks_events_total",
     "tasks_logins_slowed_total",
+    "tasks_limit_refusals_total",
 }
 HISTOGRAMS = {"tasks_step_duration_seconds", "tasks_approval_decision_seconds"}
 # Series Prometheus makes itself (`up` for every scrape) and the blackbox exporter's.

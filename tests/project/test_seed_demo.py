@@ -22,10 +22,13 @@ from django.db.models.functions import TruncMinute
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tasks_app import services
-from tasks_app.engine import runner
+from tasks_app.engine import fastpath, limited_claims, runner
+from tasks_app.engine.leases import Claim
+from tasks_app.engine.limit_standing import AT_CONCURRENCY, AT_RATE
 from tasks_app.management.commands import seed_demo
 from tasks_app.management.commands.demo_users import read_passwords, wait_for
-from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
+from tasks_app.models import Event, EventKind, LimitKey, Step, StepStatus, Task, TaskStatus
+from tasks_app.operations import limit_use
 from tests.seed_support import demo_users, seed
 from tests.seed_support import seeded as seeded  # a fixture, for pytest to find
 from tests.seed_support import var_dir as var_dir  # a fixture, for pytest to find
@@ -122,6 +125,68 @@ def test_it_leaves_tasks_pending_for_the_worker(demo: Path) -> None:
         Task.objects.filter(status=TaskStatus.PENDING).values_list("idempotency_key", flat=True)
     )
     assert {"demo:noop:1", "demo:noop:2", "demo:reply:T-1001"} <= pending
+
+
+def test_it_leaves_summaries_waiting_under_each_demo_limit(demo: Path) -> None:
+    steps = Step.objects.filter(task__workflow="demo.llm_summary", status=StepStatus.PENDING)
+    assert steps.count() == len(seed_demo.SUMMARIES) == 12
+    under = {
+        (name, key)
+        for entries in steps.values_list("limits", flat=True)
+        for name, key, _ in entries or ()
+    }
+    assert under == {("demo_llm", "")} | {
+        ("demo_customer", customer) for customer in seed_demo.SUMMARY_CUSTOMERS
+    }
+    waiting = {use.name: use.waiting for use in limit_use.uses()}
+    assert waiting["demo_llm"] == waiting["demo_customer"] == 12
+
+
+def claim_summaries() -> list[Claim]:
+    """What a worker takes of the due steps under limits (the summaries, here)."""
+    return limited_claims.claim(
+        queue="default", worker_id="w-demo", limit=50, lease_seconds=60
+    ).claims
+
+
+def why_a_summary_waits() -> tuple[str, str] | None:
+    """What holds the first waiting summary back, and under which limit."""
+    step = Step.objects.filter(task__workflow="demo.llm_summary", status=StepStatus.PENDING).first()
+    held = limit_use.holding(step.limits or []) if step is not None else None
+    return (held.why, held.limit) if held is not None else None
+
+
+def test_its_summaries_wait_for_their_customer_then_for_the_rate(demo: Path) -> None:
+    first = claim_summaries()
+    # One per customer runs; each customer's next waits for it.
+    running = Step.objects.filter(pk__in=[c.step_id for c in first])
+    customers = [
+        key
+        for entries in running.values_list("limits", flat=True)
+        for name, key, _ in entries or ()
+        if name == "demo_customer"
+    ]
+    assert sorted(customers) == sorted(seed_demo.SUMMARY_CUSTOMERS)
+    assert why_a_summary_waits() == (AT_CONCURRENCY, "demo_customer")
+    fastpath.complete_many([(c, {}) for c in first])
+    second = claim_summaries()
+    fastpath.complete_many([(c, {}) for c in second])
+    # Six calls made this minute: the other six wait for the model's rate.
+    assert (len(second), claim_summaries()) == (3, [])
+    assert why_a_summary_waits() == (AT_RATE, "demo_llm")
+
+
+def test_a_summary_the_model_answers_429_holds_its_limits_keys(demo: Path) -> None:
+    task = Task.objects.get(idempotency_key="demo:summary:globex:1")
+    step = task.steps.get()
+    assert runner.run_claimed(step.pk)
+    step.refresh_from_db()
+    assert (step.status, step.error_class) == (
+        StepStatus.PENDING,
+        "tasks_app.exceptions.RateLimited",
+    )
+    keys = LimitKey.objects.filter(held_until__isnull=False)
+    assert set(keys.values_list("limit", "key")) == {("demo_llm", ""), ("demo_customer", "globex")}
 
 
 def fixed_tasks() -> dict[int, str]:

@@ -27,11 +27,32 @@ from django.db.models import F
 
 from tasks_app import services
 from tasks_app.demo import seeding
+from tasks_app.demo.workflows import DEMO_CUSTOMER, DEMO_LLM
 from tasks_app.engine import runner
 from tasks_app.management.commands.demo_users import DEMO_USERS, create_demo_user, password_file
 from tasks_app.models import Event, EventKind, Lease, Step, StepStatus, Task, TaskStatus
 
 ACTOR = "cli:seed_demo"
+
+# A dozen summaries for three customers under the demo's limits (demo.llm_summary): six
+# calls a minute, one summary per customer at a time. The worker takes about two minutes
+# over them, so the Limits page shows steps waiting for the rate and for their customer's
+# running summary; globex's first meets a 429 once and holds the model's limit for 30 s.
+SUMMARY_CUSTOMERS = ("acme-corp", "globex", "initech")
+SUMMARIES: list[dict[str, Any]] = [
+    {
+        "workflow": "demo.llm_summary",
+        "payload": {
+            "customer_id": customer,
+            "document": f"{customer} support digest, week {week}",
+            "pages": 2 + (week * 3 + index) % 7,
+            **({"throttled_first": 1} if (customer, week) == ("globex", 1) else {}),
+        },
+        "idempotency_key": f"demo:summary:{customer}:{week}",
+    }
+    for week in range(1, 5)
+    for index, customer in enumerate(SUMMARY_CUSTOMERS)
+]
 
 # Left for the worker of `make run`, so the queue has depth when the console opens.
 DEMO_TASKS: list[dict[str, Any]] = [
@@ -74,6 +95,7 @@ DEMO_TASKS: list[dict[str, Any]] = [
         },
         "idempotency_key": "demo:reply:T-1001",
     },
+    *SUMMARIES,
 ]
 
 # Brought to its review, sent back once, and redrafted when the approvals app is installed
@@ -156,6 +178,15 @@ class Command(BaseCommand):
         fresh = self._fresh_batch()
         states = ", ".join(f"#{task.pk} {task.status}" for task in fresh)
         self.stdout.write(f"  fresh this run: {states}")
+        summaries = Task.objects.filter(
+            idempotency_key__in=[item["idempotency_key"] for item in SUMMARIES],
+            status=TaskStatus.PENDING,
+        ).count()
+        self.stdout.write(
+            f"  {summaries} demo.llm_summary tasks wait under limits {DEMO_LLM.name} "
+            f"({DEMO_LLM.rate}) and {DEMO_CUSTOMER.name} ({DEMO_CUSTOMER.concurrency} at a time "
+            "per customer), for the worker"
+        )
         pending = Task.objects.filter(status=TaskStatus.PENDING).count()
         self.stdout.write(f"  {pending} tasks pending for the worker")
 
