@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console import dead_views, record_views, review_views, views, workflow_views
+from console import dead_views, limit_views, record_views, review_views, views, workflow_views
 from console.action_forms import FORMS_BY_URL
 
 app_name = "console"
@@ -30,6 +30,11 @@ urlpatterns = [
     path("queues/", record_views.queue_list, name="queues"),
     path("queues/<str:name>/pause/", record_views.queue_pause, name="queue_pause"),
     path("queues/<str:name>/resume/", record_views.queue_resume, name="queue_resume"),
+    path("limits/", limit_views.limit_list, name="limits"),
+    path("limits/<str:name>/change/", limit_views.limit_change, name="limit_change"),
+    path("limits/<str:name>/reset/", limit_views.limit_reset, name="limit_reset"),
+    path("limits/<str:name>/pause/", limit_views.limit_pause, name="limit_pause"),
+    path("limits/<str:name>/resume/", limit_views.limit_resume, name="limit_resume"),
     path("audit/", record_views.audit, name="audit"),
     path("audit/export.csv", record_views.audit_export, name="audit_export"),
     path("mail/", record_views.mail, name="mail"),

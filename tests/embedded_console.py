@@ -22,11 +22,13 @@ from tests.approval_support import advance, article, pending_request  # noqa: E4
 from tests.conftest import _user  # noqa: E402
 from tests.console_support import login  # noqa: E402
 from tests.factories import dead_task  # noqa: E402
+from tests.limits_page_support import limited_flow  # noqa: E402
 from tests.permission_tables import (  # noqa: E402
     ACTION_CASES,
     PAGE_CASES,
     page_url,
     post_action,
+    prepare,
 )
 from tests.rows import action_rows  # noqa: E402
 
@@ -49,6 +51,11 @@ def main() -> None:
         "dead": dead_task(),
         "review": pending_request(advance(article(actor=author))),
     }
+    with limited_flow():
+        try_all(users, world)
+
+
+def try_all(users: dict[str, Any], world: dict[str, Any]) -> None:
     for page, role, _ in PAGE_CASES:
         status = login(users[role]).get(page_url(page, world)).status_code
         print(json.dumps(["page", page, role, str(status)]))
@@ -57,13 +64,10 @@ def main() -> None:
 
 
 def try_action(action: str, user: Any, world: dict[str, Any]) -> str:
-    from tasks_app.models import QueueState
-
     outcome = "?"
     try:
         with transaction.atomic():
-            if action == "resume":
-                QueueState.objects.create(name="default", paused=True, changed_by="x", reason="x")
+            prepare(action)
             before = action_rows()
             response = post_action(login(user), action, world)
             if response.status_code == 302 and action_rows() != before:

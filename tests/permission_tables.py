@@ -1,7 +1,7 @@
 """Who may see each console page and take each action, as two tables, and how a case is
-tried (the page's address, the action's request): checked for every role by
-``tests/console/test_console_permissions.py``, and replayed on SQLite by the embedded run
-(``tests/embedded_console.py``)."""
+tried (the page's address, the action's request, what it needs to find first): checked for
+every role by ``tests/console/test_console_permissions.py``, and replayed on SQLite by the
+embedded run (``tests/embedded_console.py``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ import re
 from typing import Any
 
 from django.test import Client
+from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from tasks_app.models import Task
+from tasks_app.models import LimitKey, QueueState, Task
+from tests.limits_page_support import CUSTOMERS
+
+# The limit the limit actions act on: the world registers its workflow
+# (``tests.limits_page_support.limited_flow``).
+LIMIT = CUSTOMERS.name
 
 # Page by role: status. Reading needs ``view_task`` (every group has it); the approvals
 # pages need ``view_approvalrequest`` (editors); the audit log and its export need the
@@ -26,6 +32,7 @@ dead          200     200     200      200    403
 approvals     200     403     403      200    403
 review        200     403     403      200    403
 queues        200     200     200      200    403
+limits        200     200     200      200    403
 audit         403     403     200      200    403
 audit_export  403     403     200      200    403
 """
@@ -39,6 +46,10 @@ cancel        403     done    403      done   403
 bulk          403     done    403      done   403
 pause         403     done    403      done   403
 resume        403     done    403      done   403
+limit_change  403     done    403      done   403
+limit_reset   403     done    403      done   403
+limit_pause   403     done    403      done   403
+limit_resume  403     done    403      done   403
 decide        done    403     403      done   403
 """
 
@@ -65,6 +76,7 @@ def page_url(page: str, world: dict[str, Any]) -> str:
         "approvals": "/approvals/",
         "review": f"/approvals/{world['review'].pk}/",
         "queues": "/queues/",
+        "limits": "/limits/",
         "audit": "/audit/",
         "audit_export": "/audit/export.csv",
     }[page]
@@ -81,6 +93,13 @@ def action_request(action: str, world: dict[str, Any]) -> tuple[str, dict[str, s
         "bulk": ("/dead/bulk/", {"action": "cancel", "reason": "incident", "confirm": "1"}),
         "pause": ("/queues/default/pause/", {"reason": "incident"}),
         "resume": ("/queues/default/resume/", {"reason": "over"}),
+        "limit_change": (
+            f"/limits/{LIMIT}/change/",
+            {"concurrency": "3", "rate": "", "reason": "quota raised", "confirm": "1"},
+        ),
+        "limit_reset": (f"/limits/{LIMIT}/reset/", {"reason": "quota back"}),
+        "limit_pause": (f"/limits/{LIMIT}/pause/", {"key": "acme", "reason": "acme asked"}),
+        "limit_resume": (f"/limits/{LIMIT}/resume/", {"key": "acme", "reason": "acme is ready"}),
         "decide": (
             f"/approvals/{review.pk}/decide/",
             {"decision": "approve", "comment": "", "draft_hash": review.draft_hash},
@@ -88,13 +107,25 @@ def action_request(action: str, world: dict[str, Any]) -> tuple[str, dict[str, s
     }[action]
 
 
+def prepare(action: str) -> None:
+    """What an action needs to find before it is taken: a paused queue or key to resume."""
+    if action == "resume":
+        QueueState.objects.create(name="default", paused=True, changed_by="cli:x", reason="x")
+    if action == "limit_resume":
+        LimitKey.objects.create(
+            limit=LIMIT, key="acme", paused_at=timezone.now(), paused_by="cli:x", paused_reason="x"
+        )
+
+
 def post_action(client: Client, action: str, world: dict[str, Any]) -> Any:
-    """Take the action as its page does: a bulk action confirms the plan its preview made
-    (a role refused the preview confirms without one, and is refused again)."""
+    """Take the action as its page does: a bulk action confirms the plan its preview made,
+    a limit's change the numbers its preview saw (a role refused the preview confirms
+    without them, and is refused again)."""
     url, data = action_request(action, world)
-    if action == "bulk":
+    if action in ("bulk", "limit_change"):
         preview = client.post(url, {**data, "confirm": ""}).content.decode()
-        found = re.search(r'name="plan" value="([^"]+)"', preview)
+        field = "plan" if action == "bulk" else "seen"
+        found = re.search(rf'name="{field}" value="([^"]+)"', preview)
         if found:
-            data["plan"] = found.group(1)
+            data[field] = found.group(1)
     return client.post(url, data)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from approvals.models import ApprovalRequest
-from tasks_app.models import Event, QueueState, Step, Task
+from tasks_app.models import Event, LimitKey, LimitState, QueueState, Step, Task
 
 
 def action_rows() -> tuple[Any, ...]:
@@ -17,4 +17,6 @@ def action_rows() -> tuple[Any, ...]:
         list(Event.objects.order_by("pk").values_list("pk", "kind")),
         list(QueueState.objects.order_by("name").values_list("name", "paused")),
         list(ApprovalRequest.objects.order_by("pk").values_list("pk", "status")),
+        list(LimitState.objects.order_by("name").values_list("name", "overridden", "concurrency")),
+        list(LimitKey.objects.order_by("limit", "key").values_list("limit", "key", "paused_at")),
     )

@@ -62,6 +62,7 @@ class Staged:
             ("approvals", "/approvals/"),
             ("review", f"/approvals/{self.review.pk}/"),
             ("queues", "/queues/"),
+            ("limits", "/limits/"),
             ("audit", "/audit/"),
         ]
 

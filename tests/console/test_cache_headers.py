@@ -40,6 +40,7 @@ def console_urls(world: dict[str, Any]) -> list[str]:
         "/approvals/",
         f"/approvals/{world['review'].pk}/",
         "/queues/",
+        "/limits/",
         "/audit/",
         "/audit/export.csv",
     ]

@@ -3,23 +3,25 @@ role. A refused action answers 403 and changes no row."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tasks_app.models import Event, QueueState
+from tasks_app.models import Event
 from tests.approval_support import advance, article, pending_request
 from tests.console_support import login
 from tests.factories import dead_task
+from tests.limits_page_support import limited_flow
 from tests.permission_tables import (
     ACTION_CASES,
     PAGE_CASES,
     action_request,
     page_url,
     post_action,
+    prepare,
 )
 from tests.rows import action_rows
 
@@ -38,15 +40,17 @@ def persona(request: pytest.FixtureRequest) -> Callable[[str], User]:
 
 
 @pytest.fixture
-def world(author: User) -> dict[str, Any]:
-    """A dead task, a task waiting for review (enqueued by the author) and a queue."""
+def world(author: User) -> Iterator[dict[str, Any]]:
+    """A dead task, a task waiting for review (enqueued by the author), a queue and a
+    workflow under limits."""
     review_task = advance(article(actor=author))
-    return {"dead": dead_task(), "review": pending_request(review_task)}
+    with limited_flow():
+        yield {"dead": dead_task(), "review": pending_request(review_task)}
 
 
 def test_the_tables_name_every_role_for_every_page_and_action() -> None:
-    assert len(PAGE_CASES) == 9 * 5
-    assert len(ACTION_CASES) == 7 * 5
+    assert len(PAGE_CASES) == 10 * 5
+    assert len(ACTION_CASES) == 11 * 5
     assert {cell for _, _, cell in PAGE_CASES} == {"200", "403"}
     assert {cell for _, _, cell in ACTION_CASES} == {"done", "403"}
 
@@ -106,8 +110,7 @@ def test_a_refused_htmx_action_shows_only_its_reason_in_the_message_region(
 def test_each_action_is_done_or_refused_for_each_role_as_the_table_says(
     action: str, role: str, expected: str, persona: Callable[[str], User], world: dict[str, Any]
 ) -> None:
-    if action == "resume":
-        QueueState.objects.create(name="default", paused=True, changed_by="cli:x", reason="x")
+    prepare(action)
     user = persona(role)
     client = login(user)
     before = action_rows()
