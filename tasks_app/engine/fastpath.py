@@ -36,7 +36,6 @@ from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim
 from tasks_app.engine.sql import (
     COMPLETE_SQL,
-    STEP_COLUMNS,
     TASK_COLUMNS,
     claim_sql,
 )
@@ -136,14 +135,10 @@ def _claim_unlimited(
             prepare=True,
         )
         claimed = cursor.fetchall()
-    claims = []
-    for row in claimed:
-        step = rows.from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
-        # What `step.task = task` does, without the descriptor's checks.
-        _STEP_TASK.set_cached_value(
-            step, rows.from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
-        )
-        claims.append(Claim.of(step, worker_id=worker_id, lease_seconds=lease, keep=True))
+    claims = [
+        Claim.of(step, worker_id=worker_id, lease_seconds=lease, keep=True)
+        for step in leases.claimed_steps(claimed)
+    ]
     counting.add(collections.Counter(f"{counting.CLAIMED}:{claim.queue}" for claim in claims))
     return claims
 
@@ -304,6 +299,3 @@ def _count_run_times(unique: Sequence[tuple[Claim, Any]], seconds: dict[int, flo
 
 def queue_has_due_steps(queue: str) -> bool:
     return Step.objects.due().filter(queue=queue).exclude(paused_filter()).exists()
-
-
-_STEP_TASK = Step._meta.get_field("task")

@@ -6,6 +6,7 @@ is recorded as ``stale_write_rejected``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -14,8 +15,10 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
+from tasks_app.db import rows
 from tasks_app.db.clock import now_plus
 from tasks_app.engine.dispatch import ring_on_commit
+from tasks_app.engine.sql import STEP_COLUMNS, TASK_COLUMNS
 from tasks_app.engine.states import Ending, end_attempt, start_attempt
 from tasks_app.engine.transitions import lock_task, paused_filter
 from tasks_app.engine.waiting import open_approval_step
@@ -285,3 +288,20 @@ def expire_lease_now(claim: Claim) -> bool:
             pk=claim.step_id, status=StepStatus.RUNNING, fencing_token=claim.token
         ).update(lease_expires_at=Now())
     return bool(ended)
+
+
+def claimed_steps(claimed: Sequence[Sequence[Any]]) -> list[Step]:
+    """The steps a claim statement returned (``STEP_COLUMNS`` then ``TASK_COLUMNS``), each
+    with its task, as model rows built without reading them again."""
+    steps = []
+    for row in claimed:
+        step = rows.from_row(Step, STEP_COLUMNS, row[: len(STEP_COLUMNS)])
+        # What `step.task = task` does, without the descriptor's checks.
+        _STEP_TASK.set_cached_value(
+            step, rows.from_row(Task, TASK_COLUMNS, row[len(STEP_COLUMNS) :])
+        )
+        steps.append(step)
+    return steps
+
+
+_STEP_TASK = Step._meta.get_field("task")

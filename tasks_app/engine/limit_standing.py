@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from tasks_app.engine.limits import Limit, Numbers, Rate, configured, declared
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus
@@ -183,9 +185,33 @@ def keys_of(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], LimitKey]:
 
 def running_counts() -> collections.Counter[tuple[str, str]]:
     """The running steps under each limit and key (step_lease_idx: running rows only)."""
+    return tally(StepStatus.RUNNING)
+
+
+TALLY_SQL = (
+    "SELECT e->>0, e->>1, count(*) FROM tasks_app_step s, jsonb_array_elements(s.limits) e"
+    " WHERE s.status = %s AND s.limit_turn IS NOT NULL GROUP BY 1, 2"
+)
+DUE_TALLY_SQL = TALLY_SQL.replace(
+    " GROUP BY", " AND s.available_at <= statement_timestamp() GROUP BY"
+)
+
+
+def tally(status: str, *, due: bool = False) -> collections.Counter[tuple[str, str]]:
+    """The steps under limits in ``status`` (with ``due``: only those whose time has come),
+    counted by limit and key. On PostgreSQL the database counts them and returns a row per
+    key; elsewhere they are counted here."""
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
-    running = Step.objects.filter(status=StepStatus.RUNNING, limit_turn__isnull=False)
-    for entries in running.values_list("limits", flat=True):
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(DUE_TALLY_SQL if due else TALLY_SQL, [status])
+            for name, key, count in cursor.fetchall():
+                counts[(name, key)] += count
+        return counts
+    steps = Step.objects.filter(status=status, limit_turn__isnull=False)
+    if due:
+        steps = steps.filter(available_at__lte=Now())
+    for entries in steps.values_list("limits", flat=True):
         for name, key, _weight in entries or ():
             counts[(name, key)] += 1
     return counts

@@ -27,22 +27,25 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.leases import Claim
+from tasks_app.engine.leases import Claim, claimed_steps
 from tasks_app.engine.limit_standing import AT_RATE, HELD, Standing, Window
+from tasks_app.engine.sql import CLAIM_IDS_SQL
 from tasks_app.engine.states import start_attempts
-from tasks_app.engine.transitions import paused_filter
+from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history import counting
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus, Task
 
-# Due steps under limits read per claim, in claim order.
+# Due steps under limits read per claim, in claim order: at first the batch and FIRST_SCAN
+# more, and up to SCAN when limits refused some of those.
+FIRST_SCAN = 10
 SCAN = 500
 # The longest a remote's "retry after" holds a key (exceptions.RateLimited).
 MAX_HOLD_SECONDS = 3600.0
@@ -86,13 +89,19 @@ def claim(
     with transaction.atomic():
         _serialize()
         now = db_now()
-        candidates = _candidates(queue, step_id, now, only_named, limit)
+        # Few candidates first: while limits have room, the first of them are the claim.
+        size = min(limit + FIRST_SCAN, SCAN)
+        candidates = _candidates(queue, step_id, now, only_named, size, limit)
         if not candidates:
             return Claimed()
         alone = candidates[0].pk == step_id and candidates[0].error_class == LEASE_EXPIRED
         if alone:
             candidates, limit = candidates[:1], 1
         decision = _decide(candidates, limit, now)
+        if len(decision.admitted) < limit and len(candidates) == size < SCAN:
+            # Limits refused some: read further, past the keys at their limit.
+            candidates = _candidates(queue, step_id, now, only_named, SCAN, limit)
+            decision = _decide(candidates, limit, now)
         claimed = _take(decision.admitted, worker_id, lease_seconds, now)
         decision.book(claimed)
         claims = [
@@ -110,45 +119,52 @@ def claim(
         return Claimed(claims, retry_at, alone and bool(claims))
 
 
+class Candidate(NamedTuple):
+    """A due step under limits as a claim weighs it: the columns it reads, no model row."""
+
+    pk: int
+    task_id: int
+    queue: str
+    limits: list[list[Any]] | None
+    limit_turn: int | None
+    error_class: str
+
+
 def _candidates(
-    queue: str | None, step_id: int | None, now: datetime, only_named: bool, limit: int
-) -> list[Step]:
-    due = (
-        Step.objects.due(now)
-        .filter(limit_turn__isnull=False)
-        .exclude(paused_filter())
-        .only(
-            "id",
-            "task_id",
-            "queue",
-            "priority",
-            "limits",
-            "limit_turn",
-            "available_at",
-            "error_class",
-        )
-    )
-    named = list(due.filter(pk=step_id)) if step_id is not None else []
-    if only_named:
+    queue: str | None,
+    step_id: int | None,
+    now: datetime,
+    only_named: bool,
+    size: int,
+    limit: int,
+) -> list[Candidate]:
+    due = Step.objects.due(now).filter(limit_turn__isnull=False).exclude(paused_filter())
+    named = _read(due.filter(pk=step_id)) if step_id is not None else []
+    if only_named or (named and named[0].error_class == LEASE_EXPIRED):
+        # The named step alone: a run of that step, or one whose last lease ran out.
         return named
     if queue is None:
         if not named:
             return []
         queue = named[0].queue
+    # The named step takes its turn like the rest: a doorbell names a step for its queue,
+    # not to let it ahead of another key's turn (fairness).
     rest = due.filter(queue=queue).order_by("-priority", "limit_turn", "available_at")
     if limit > 1:
         # A step whose last lease ran out is claimed only in a batch of one.
         rest = rest.exclude(error_class=LEASE_EXPIRED)
-    if step_id is not None:
-        rest = rest.exclude(pk=step_id)
-    return named + list(rest[:SCAN])
+    return _read(rest[:size])
+
+
+def _read(steps: QuerySet[Step]) -> list[Candidate]:
+    return [Candidate(*row) for row in steps.values_list(*Candidate._fields)]
 
 
 @dataclass
 class _Decision:
     """The admission of candidates against the limits as they stand."""
 
-    admitted: list[Step]
+    admitted: list[Candidate]
     windows: dict[tuple[str, str], Window]
     states: dict[str, LimitState]
     retry_at: datetime | None
@@ -184,10 +200,10 @@ def turn_owner(entries: Iterable[Sequence[Any]]) -> str | None:
     return str(entries[0][0]) if entries else None
 
 
-def _decide(candidates: Sequence[Step], limit: int, now: datetime) -> _Decision:
+def _decide(candidates: Sequence[Candidate], limit: int, now: datetime) -> _Decision:
     pairs = {(name, key) for step in candidates for name, key, _ in step.limits or ()}
     standing = Standing.read(pairs, now)
-    admitted: list[Step] = []
+    admitted: list[Candidate] = []
     retry_at: datetime | None = None
     refused_by: set[str] = set()
     for step in candidates:
@@ -210,12 +226,26 @@ def _decide(candidates: Sequence[Step], limit: int, now: datetime) -> _Decision:
 
 
 def _take(
-    admitted: Sequence[Step], worker_id: str, lease_seconds: int, now: datetime
+    admitted: Sequence[Candidate], worker_id: str, lease_seconds: int, now: datetime
 ) -> list[Step]:
-    """Claim the admitted steps whose task no other transaction holds (task rows first, as
-    every writer locks them), still pending."""
+    """Claim the admitted steps still pending whose task and step no other transaction
+    holds (task rows first, as every writer locks them), in the order admitted; their
+    leases start ``now``, the time the limits were judged at, so the attempts' records show
+    what the rates counted."""
     if not admitted:
         return []
+    if fast_path_enabled():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                CLAIM_IDS_SQL,
+                {
+                    "ids": [step.pk for step in admitted],
+                    "at": now,
+                    "lease": lease_seconds,
+                    "worker": worker_id,
+                },
+            )
+            return claimed_steps(cursor.fetchall())
     free_tasks = set(
         Task.objects.select_for_update(skip_locked=True)
         .filter(pk__in={step.task_id for step in admitted})
@@ -223,7 +253,7 @@ def _take(
     )
     ids = [step.pk for step in admitted if step.task_id in free_tasks]
     still = set(
-        Step.objects.select_for_update()
+        Step.objects.select_for_update(skip_locked=True)
         .filter(pk__in=ids, status=StepStatus.PENDING)
         .values_list("pk", flat=True)
     )

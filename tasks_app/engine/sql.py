@@ -95,6 +95,29 @@ ORDER BY c.id = %(step)s DESC, c.priority DESC, c.available_at, c.id
 """  # noqa: S608 (DUE, LEASE_EXPIRED and the column names are constants, not input)
 
 
+# ORM twin: limited_claims._take. The steps a claim under limits admitted (``ids``, in
+# its order) that are still pending, whose task and step rows no other transaction holds,
+# marked running as _CLAIM_SQL marks them, their leases started ``at`` the time the claim
+# judged the limits at (states.start_attempts), and returned with their task rows.
+CLAIM_IDS_SQL = f"""
+WITH picked AS (
+    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.id = ANY(%(ids)s::bigint[]) AND s.status = 'pending'
+    FOR UPDATE OF s, t SKIP LOCKED
+), claimed AS (
+    UPDATE tasks_app_step s
+    SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,
+        lease_expires_at = %(at)s + %(lease)s * interval '1 second',
+        lease_worker = %(worker)s, started_at = %(at)s
+    WHERE s.id IN (SELECT id FROM picked)
+    RETURNING {", ".join(f"s.{name}" for name in STEP_COLUMNS)}
+)
+SELECT {_CLAIM_ROWS}
+FROM claimed c JOIN tasks_app_task t ON t.id = c.task_id
+ORDER BY array_position(%(ids)s::bigint[], c.id)
+"""  # noqa: S608 (the column names are constants, not input)
+
+
 @cache
 def claim_sql(limit: int) -> str:
     """The claim statement for batches of ``limit`` steps."""

@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
-
 from tasks_app.db.clock import db_now
-from tasks_app.engine.limit_standing import Refusal, Standing, numbers
+from tasks_app.engine.limit_standing import Refusal, Standing, numbers, tally
 from tasks_app.engine.limits import Numbers, configured, declared
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus
@@ -122,28 +120,13 @@ def _workflows_of() -> dict[str, list[str]]:
 def waiting_counts(names: Iterable[str] | None = None) -> collections.Counter[Pair]:
     """Due pending steps under each limit and key (step_limited_due_idx)."""
     wanted = set(names) if names is not None else None
-    counts: collections.Counter[Pair] = collections.Counter()
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT e->>0, e->>1, count(*) FROM tasks_app_step s,"
-                " jsonb_array_elements(s.limits) e"
-                " WHERE s.status = 'pending' AND s.limit_turn IS NOT NULL"
-                " AND s.available_at <= statement_timestamp() GROUP BY 1, 2"
-            )
-            rows: Iterable[tuple[str, str, int]] = cursor.fetchall()
-    else:
-        pending = Step.objects.due().filter(limit_turn__isnull=False)
-        tally: collections.Counter[Pair] = collections.Counter(
-            (name, key)
-            for entries in pending.values_list("limits", flat=True)
-            for name, key, _ in entries or ()
-        )
-        rows = [(name, key, n) for (name, key), n in tally.items()]
-    for name, key, count in rows:
-        if wanted is None or name in wanted:
-            counts[(name, key)] += count
-    return counts
+    return collections.Counter(
+        {
+            pair: count
+            for pair, count in tally(StepStatus.PENDING, due=True).items()
+            if wanted is None or pair[0] in wanted
+        }
+    )
 
 
 def holders(pairs: Iterable[Pair] | None = None) -> dict[Pair, list[int]]:

@@ -188,6 +188,25 @@ def test_keys_take_turns_and_an_idle_key_starts_where_the_clock_stands(limited: 
 
 
 @pytest.mark.django_db
+def test_a_doorbell_naming_a_later_step_does_not_let_it_ahead_of_its_turn(limited: str) -> None:
+    wide = Limit("wide_named", concurrency=100, key="customer")
+    register(Workflow("test.named", 1, steps=(StepSpec("send", _ok),), limits=(wide,)))
+    try:
+        busy = [
+            only_step(services.enqueue("test.named", {"customer": "busy", "n": n}).task)
+            for n in range(20)
+        ]
+        # A batch enqueue rings for its first step: the 16th here. The claim still goes by
+        # turn, and the limit's clock stays where the turns claimed are.
+        assert claim(limit=1, step_id=busy[15].pk, queue=None) == [busy[0].pk]
+        assert LimitState.objects.get(name="wide_named").turn == 1
+        lone = only_step(services.enqueue("test.named", {"customer": "lone"}).task)
+        assert claim(limit=2) == [busy[1].pk, lone.pk]
+    finally:
+        registry.unregister("test.named", 1)
+
+
+@pytest.mark.django_db
 def test_priority_orders_steps_before_turns(limited: str) -> None:
     low = enqueue("a")
     high = enqueue("b", priority=10)
