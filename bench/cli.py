@@ -50,7 +50,17 @@ from bench.environment import code_fingerprint, environment, git_state
 from bench.peers import Dbos, Dtdb, Pgq, Pgq100
 from bench.procs import stop_all
 from bench.server_stats import ServerStats, table_persistence
-from bench.systems import Ctx, PlainCelery, Proc, Proc10, Raw, System, Us, UsProcfile
+from bench.systems import (
+    Ctx,
+    PlainCelery,
+    Proc,
+    Proc10,
+    Raw,
+    System,
+    Us,
+    UsLimited,
+    UsProcfile,
+)
 
 BENCH_DB = "task_console_bench"
 # Every system by key, and those a run takes unless --systems names others: PROC c1 (the
@@ -58,9 +68,9 @@ BENCH_DB = "task_console_bench"
 # measured against it) only run when named.
 SYSTEMS: dict[str, type[System]] = {
     cls.key: cls
-    for cls in (Us, UsProcfile, PlainCelery, Proc10, Proc, Pgq, Pgq100, Dbos, Dtdb, Raw)
+    for cls in (Us, UsProcfile, UsLimited, PlainCelery, Proc10, Proc, Pgq, Pgq100, Dbos, Dtdb, Raw)
 }
-ORDER = ["us", "procfile", "celery", "proc10", "pgq", "pgq100", "dbos", "dtdb"]
+ORDER = ["us", "procfile", "uslimited", "celery", "proc10", "pgq", "pgq100", "dbos", "dtdb"]
 ALL_CELLS = ("enqueue", "drain", "latency", "console", "scale", "horizon", "faults")
 RESULTS_DIR = BENCH_DIR / "results"
 DOCS = ROOT / "docs" / "performance.md"
@@ -392,7 +402,11 @@ def run_cells(
         for key in order:
             system = SYSTEMS[key](bench.ctx)
             plan: list[tuple[str, int | None]] = [("enqueue", None)]
-            plan += [("drain", n) for n in mode.workers]
+            plan += [
+                ("drain", n)
+                for n in mode.workers
+                if system.drain_workers is None or n in system.drain_workers
+            ]
             plan.append(("latency", None))
             plan = [step for step in plan if step[0] in wanted and step[0] in system.cells]
             for cell_name, workers in plan:

@@ -75,6 +75,28 @@ class UsClient:
         connections.close_all()
 
 
+class UsLimitedClient(UsClient):
+    """US/LIM: ``bench.limited`` (``bench/limited_workflow.py``), through the same API."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from bench import limited_workflow
+
+        self.limited = limited_workflow
+
+    def send_one(self, seq: int) -> int:
+        workflow, payload = self.limited.WORKFLOW, self.limited.payload(seq)
+        task_id: int = self.services.enqueue(workflow, payload).task.pk
+        return task_id
+
+    def send_batch(self, n: int) -> list[int]:
+        items = [
+            {"workflow": self.limited.WORKFLOW, "payload": self.limited.payload(i)}
+            for i in range(n)
+        ]
+        return [result.task.pk for result in self.services.enqueue_many(items)]
+
+
 class CeleryClient:
     """A plain Celery task, sent to its own queue."""
 
@@ -307,6 +329,7 @@ class DtdbClient:
 CLIENTS: dict[str, Callable[[], Client]] = {
     "us": UsClient,
     "procfile": UsClient,
+    "uslimited": UsLimitedClient,
     "celery": CeleryClient,
     "proc": ProcClient,
     "proc10": ProcClient,

@@ -112,6 +112,8 @@ class System:
     no_bulk: ClassVar[str | None] = None
     # Systems sharing a schema (a variant and its base) install it once, under this key.
     install_key: ClassVar[str] = ""
+    # The worker counts its drain cells run at, of the mode's (None: every one).
+    drain_workers: ClassVar[tuple[int, ...] | None] = None
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
@@ -275,7 +277,7 @@ class Us(_CeleryBased):
     key = "us"
     label = "US"
     clock_tables = ("tasks_app_counter", "tasks_app_heartbeat")
-    tables = (
+    tables: ClassVar[tuple[str, ...]] = (
         "tasks_app_task",
         "tasks_app_step",
         "tasks_app_lease",
@@ -370,6 +372,21 @@ class UsProcfile(Us):
             env,
         )
         return group
+
+
+class UsLimited(Us):
+    """Our durable core with its one step under limits set far above what the machine
+    does (``bench/limited_workflow.py``): no step is ever held back, so the drain measures
+    what the limits' bookkeeping costs; compared with US in the drain cell of 2 workers."""
+
+    key = "uslimited"
+    label = "US/LIM"
+    cells = ("drain",)
+    drain_workers = (2,)
+    install_key = "us"
+    # The limits' own rows (turns, rate windows) start empty in every cell too.
+    tables = (*Us.tables, "tasks_app_limitkey", "tasks_app_limitstate")
+    extra_args = ["-I", "bench.worker_hooks,bench.limited_workflow"]
 
 
 # Settings the harness sets for quiet workers; the Procfile's worker runs without them.

@@ -122,6 +122,14 @@ def test_the_targets_of_this_round() -> None:
         1.3,
         False,
     )
+    # The limits' bookkeeping, in a drain whose limits never bind, costs at most 10%.
+    [limited] = [t for t in report.TARGETS if t.ours == "uslimited"]
+    assert (limited.metric, limited.other, limited.bound, limited.at_least) == (
+        "drain_c2",
+        "us",
+        0.9,
+        True,
+    )
     assert texts["commits per executed step: US ≤ 2"][1:] == (None, 2.0, False)
     assert texts["rows written per task enqueued: US ≤ 3"] == ("enqueue_rows", None, 3.0, False)
     # Rule 11's four row versions: the executions' own, rows written on a clock apart.
@@ -279,7 +287,17 @@ def test_a_package_that_fails_to_import_skips_its_systems(
 
 
 def test_the_default_run_and_the_systems_only_run_when_named() -> None:
-    assert cli.ORDER == ["us", "procfile", "celery", "proc10", "pgq", "pgq100", "dbos", "dtdb"]
+    assert cli.ORDER == [
+        "us",
+        "procfile",
+        "uslimited",
+        "celery",
+        "proc10",
+        "pgq",
+        "pgq100",
+        "dbos",
+        "dtdb",
+    ]
     assert {"proc", "raw"} <= set(cli.SYSTEMS) - set(cli.ORDER)
     assert set(cli.SYSTEMS) <= set(report.SYSTEM_LABELS)
     options = cli.parse_args(["--systems", "us,pgq,pgq100", "--cells", "drain"])
