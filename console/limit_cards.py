@@ -115,7 +115,7 @@ def limit_words(use: LimitUse) -> str:
     if not use.partitioned:
         key = use.keys[0] if use.keys else KeyUse("", 0, 0, None, use.numbers)
         return f"{key_words(key)}; {key.waiting:,} waiting"
-    active = sum(1 for key in use.keys if key.running or key.waiting)
+    active = use.active_keys
     if not active:
         return "Nothing runs or waits under it now"
     stopped = len(use.at_limit)

@@ -75,7 +75,7 @@ def limit_metrics(totals: Mapping[str, int]) -> Iterator[Metric]:
         label = [use.name]
         running.add_metric(label, use.running)
         waiting.add_metric(label, use.waiting)
-        active.add_metric(label, sum(1 for key in use.keys if key.running or key.waiting))
+        active.add_metric(label, use.active_keys)
         at_limit.add_metric(label, len(use.at_limit))
         paused.add_metric(label, len(use.paused))
         held.add_metric(label, sum(1 for key in use.keys if key.held_until is not None))

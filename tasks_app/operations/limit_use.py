@@ -12,13 +12,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
+
 from tasks_app.db.clock import db_now
-from tasks_app.engine.limit_standing import Refusal, Standing, numbers, tally
+from tasks_app.engine.limit_standing import Refusal, Standing, numbers, running_counts, tally
 from tasks_app.engine.limits import Numbers, configured, declared
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus
 
 type Pair = tuple[str, str]
+
+# The keys with work a limit's use lists at most (those at their limit first).
+MAX_KEYS = 200
 
 
 @dataclass(frozen=True)
@@ -69,18 +74,18 @@ class LimitUse:
     changed_at: datetime | None
     partitioned: bool
     workflows: tuple[str, ...]
+    # The keys read: those at their limit first, paused, held and the unpartitioned one
+    # always; at most MAX_KEYS with work (``more_keys``: how many more have work).
     keys: tuple[KeyUse, ...] = field(default=())
-
-    @property
-    def running(self) -> int:
-        return sum(key.running for key in self.keys)
-
-    @property
-    def waiting(self) -> int:
-        return sum(key.waiting for key in self.keys)
+    # Over every key, counted by the database.
+    running: int = 0
+    waiting: int = 0
+    active_keys: int = 0
+    more_keys: int = 0
 
     @property
     def spent(self) -> int:
+        """Units spent this period over the keys read."""
         return sum(key.spent or 0 for key in self.keys)
 
     @property
@@ -142,25 +147,47 @@ def holders(pairs: Iterable[Pair] | None = None) -> dict[Pair, list[int]]:
 
 
 def uses(now: datetime | None = None) -> list[LimitUse]:
-    """Every limit the workflows here declare or the database knows, by name."""
+    """Every limit the workflows here declare or the database knows, by name. Its totals
+    count every key; the keys it lists are bounded (``MAX_KEYS`` with work per limit), so
+    a limit partitioned by customer costs the same with ten customers or a million."""
     now = now or db_now()
     known = declared()
     states = {state.name: state for state in LimitState.objects.all()}
     names = sorted(set(known) | set(states))
+    effective = {name: numbers(states.get(name), known.get(name)) for name in names}
     waiting = waiting_counts(names)
-    rows = {(row.limit, row.key): row for row in LimitKey.objects.filter(limit__in=names)}
-    pairs = set(rows) | set(waiting)
-    standing = Standing.read(pairs, now)
-    held = holders(pairs)
+    running = running_counts()
+    marked = LimitKey.objects.filter(limit__in=names).filter(
+        Q(key="") | Q(paused_at__isnull=False) | Q(held_until__gt=now)
+    )
+    chosen: set[Pair] = set(marked.values_list("limit", "key"))
+    active: dict[str, list[Pair]] = collections.defaultdict(list)
+    for pair in set(waiting) | {pair for pair in running if pair[0] in effective}:
+        active[pair[0]].append(pair)
+    more: dict[str, int] = {}
+    for name, pairs in active.items():
+        numbers_ = effective.get(name)
+        cap = numbers_.concurrency if numbers_ is not None else None
+
+        def urgency(pair: Pair, cap: int | None = cap) -> tuple[bool, int, int, str]:
+            full = cap is not None and running[pair] >= cap
+            return (not full, -waiting[pair], -running[pair], pair[1])
+
+        pairs.sort(key=urgency)
+        chosen.update(pairs[:MAX_KEYS])
+        more[name] = max(len(pairs) - MAX_KEYS, 0)
+    standing = Standing.read(chosen, now)
+    rows = standing.keys
+    held = holders(chosen)
     flows = _workflows_of()
     result = []
     for name in names:
         limit = known.get(name)
         state = states.get(name)
-        in_effect = numbers(state, limit)
+        in_effect = effective[name]
         keys = [
             _key_use(pair, in_effect, standing, waiting, rows.get(pair), held.get(pair, []))
-            for pair in sorted(pair for pair in pairs if pair[0] == name)
+            for pair in sorted(pair for pair in chosen if pair[0] == name)
         ]
         keys.sort(key=lambda use: (not use.at_limit, -use.waiting, -use.running, use.key))
         result.append(
@@ -174,6 +201,10 @@ def uses(now: datetime | None = None) -> list[LimitUse]:
                 partitioned=bool(limit and limit.key is not None) or any(key.key for key in keys),
                 workflows=tuple(flows.get(name, ())),
                 keys=tuple(keys),
+                running=sum(n for pair, n in running.items() if pair[0] == name),
+                waiting=sum(n for pair, n in waiting.items() if pair[0] == name),
+                active_keys=len(active.get(name, ())),
+                more_keys=more.get(name, 0),
             )
         )
     return result

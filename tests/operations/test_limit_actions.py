@@ -19,6 +19,7 @@ from tasks_app.engine.limit_standing import AT_CONCURRENCY, AT_RATE, HELD, PAUSE
 from tasks_app.engine.limits import Limit
 from tasks_app.exceptions import InvalidInput, NotPermitted, RateLimited
 from tasks_app.models import Event, EventKind, LimitKey, LimitState, Step, StepStatus
+from tasks_app.operations import limit_use
 from tasks_app.operations import limits as actions
 from tasks_app.operations.limit_use import holding, use_of, uses
 from tasks_app.workflows import StepSpec, Workflow, register, registry
@@ -219,3 +220,19 @@ def test_a_remotes_retry_after_holds_the_keys_and_the_steps_behind_spend_nothing
     refill_rate()
     assert claim() == [behind.pk]
     finish([behind.pk])
+
+
+@pytest.mark.django_db
+def test_a_limits_totals_count_every_key_and_it_lists_those_at_their_limit_first(
+    flow: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limit_use, "MAX_KEYS", 2)
+    held = [enqueue("acme"), enqueue("acme")]
+    for n in range(4):
+        enqueue(f"quiet{n}")
+    assert claim(limit=1) == [held[0].pk]
+    customers = use_of("acts_customers")
+    assert (customers.running, customers.waiting, customers.active_keys) == (1, 5, 5)
+    assert customers.more_keys == 3
+    listed = [key.key for key in customers.keys]
+    assert len(listed) == 2 and listed[0] == "acme" and customers.keys[0].at_concurrency
