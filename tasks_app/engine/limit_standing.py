@@ -174,9 +174,20 @@ class Standing:
         return latest
 
 
+KEYS_SQL = (
+    'SELECT * FROM tasks_app_limitkey WHERE ("limit", key) IN'
+    " (SELECT * FROM unnest(%s::text[], %s::text[]))"
+)
+
+
 def keys_of(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], LimitKey]:
+    """The rows of these limits' keys that exist."""
     if not pairs:
         return {}
+    if connection.vendor == "postgresql":
+        names, keys = zip(*pairs, strict=True)
+        rows = LimitKey.objects.raw(KEYS_SQL, [list(names), list(keys)])
+        return {(row.limit, row.key): row for row in rows}
     where = Q()
     for name, key in pairs:
         where |= Q(limit=name, key=key)

@@ -102,21 +102,22 @@ def claim(
             # Limits refused some: read further, past the keys at their limit.
             candidates = _candidates(queue, step_id, now, only_named, SCAN, limit)
             decision = _decide(candidates, limit, now)
-        claimed = _take(decision.admitted, worker_id, lease_seconds, now)
-        decision.book(claimed)
-        claims = [
-            Claim.of(step, worker_id=worker_id, lease_seconds=lease_seconds, keep=True)
-            for step in claimed
-        ]
-        if claims:
-            counting.add(collections.Counter(f"{counting.CLAIMED}:{c.queue}" for c in claims))
-        retry_at = decision.retry_at if not claims else None
+        taken = _take(decision.admitted, worker_id, lease_seconds, now)
+        decision.book([step for step in decision.admitted if step.pk in taken.ids])
+        retry_at = decision.retry_at if not taken.ids else None
         if retry_at is not None:
             # Nothing could start for a rate: ring once for when it lets the first in.
             delay = max((retry_at - now).total_seconds(), 0.0)
             first = candidates[0]
             ring_on_commit([Doorbell(first.pk, first.queue, delay)])
-        return Claimed(claims, retry_at, alone and bool(claims))
+    # The claimed rows are made into steps once the lock is let go.
+    claims = [
+        Claim.of(step, worker_id=worker_id, lease_seconds=lease_seconds, keep=True)
+        for step in taken.steps()
+    ]
+    if claims:
+        counting.add(collections.Counter(f"{counting.CLAIMED}:{c.queue}" for c in claims))
+    return Claimed(claims, retry_at, alone and bool(claims))
 
 
 class Candidate(NamedTuple):
@@ -169,7 +170,7 @@ class _Decision:
     states: dict[str, LimitState]
     retry_at: datetime | None
 
-    def book(self, claimed: Sequence[Step]) -> None:
+    def book(self, claimed: Sequence[Candidate]) -> None:
         """Spend the rates of the steps actually claimed, and move the turn clocks."""
         spent: dict[tuple[str, str], Window] = {}
         turns: dict[str, int] = {}
@@ -225,15 +226,28 @@ def _decide(candidates: Sequence[Candidate], limit: int, now: datetime) -> _Deci
     return _Decision(admitted, standing.windows, standing.states, retry_at)
 
 
+@dataclass
+class _Taken:
+    """The steps a claim took, in the order admitted: as the claim statement returned
+    their rows (PostgreSQL's fast path), or as model rows."""
+
+    ids: set[int]
+    rows: list[Sequence[Any]] = field(default_factory=list)
+    models: list[Step] = field(default_factory=list)
+
+    def steps(self) -> list[Step]:
+        return self.models or claimed_steps(self.rows)
+
+
 def _take(
     admitted: Sequence[Candidate], worker_id: str, lease_seconds: int, now: datetime
-) -> list[Step]:
+) -> _Taken:
     """Claim the admitted steps still pending whose task and step no other transaction
     holds (task rows first, as every writer locks them), in the order admitted; their
     leases start ``now``, the time the limits were judged at, so the attempts' records show
     what the rates counted."""
     if not admitted:
-        return []
+        return _Taken(set())
     if fast_path_enabled():
         with connection.cursor() as cursor:
             cursor.execute(
@@ -245,7 +259,8 @@ def _take(
                     "worker": worker_id,
                 },
             )
-            return claimed_steps(cursor.fetchall())
+            rows = cursor.fetchall()
+        return _Taken({row[0] for row in rows}, rows=rows)
     free_tasks = set(
         Task.objects.select_for_update(skip_locked=True)
         .filter(pk__in={step.task_id for step in admitted})
@@ -260,7 +275,7 @@ def _take(
     ids = [pk for pk in ids if pk in still]
     start_attempts(ids, worker_id=worker_id, lease_seconds=lease_seconds, at=now)
     taken = Step.objects.select_related("task").in_bulk(ids)
-    return [taken[pk] for pk in ids]
+    return _Taken(set(ids), models=[taken[pk] for pk in ids])
 
 
 def hold(entries: Iterable[Sequence[Any]], seconds: float, reason: str) -> float:
