@@ -106,9 +106,16 @@ def _claim_limited(
     if not registry.limits():
         return limited_claims.Claimed()
     if queue is None:
-        # A doorbell's first claim: only when it names a step under limits.
-        named = step_id is not None and Step.objects.filter(pk=step_id, limit_turn__isnull=False)
-        if not named or not named.exists():
+        # A doorbell's first claim: the queue is the named step's, whether that step is
+        # still due or not (a drain that stops, or recruits help, rings naming a step it
+        # has run already), so the steps under limits waiting there are claimed too.
+        if step_id is None:
+            return limited_claims.Claimed()
+        named = Step.objects.filter(pk=step_id).values_list("queue", "limit_turn").first()
+        if named is None:
+            return limited_claims.Claimed()
+        queue = named[0]
+        if named[1] is None and not limited_claims.has_due(queue):
             return limited_claims.Claimed()
     elif not limited_claims.has_due(queue):
         return limited_claims.Claimed()

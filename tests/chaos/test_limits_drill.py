@@ -61,10 +61,10 @@ LONE_KEYS = 10
 # after the limit's clock (the latest turn claimed), so at most one of the busy customer's
 # waiting steps has a turn before it (``lone_turns_ahead``), and it is overtaken by at most
 # what one claim under way takes besides (its 5 slots): 5 + 1 claims, one slot's turn. Its
-# wait in time is that turn plus the shared rate: the busy customer's claims spend the
-# 200/s too, so a burst that spent the second's 200 early holds the lone step until the
-# window's oldest slices leave it (up to about a second), plus its doorbell's delivery on
-# a loaded machine; far below the 10 s or more the backlog takes.
+# wait in time is that turn, plus the shared rate when it is at its ceiling (the busy
+# customer's claims spend the 200/s too: up to one period), plus its doorbell's delivery
+# on a loaded machine; far below the 10 s or more the backlog takes. Measured: tens of
+# milliseconds (docs/performance.md).
 OVERTAKEN_BY_DESIGN = PER_KEY + 1
 FAIR_WAIT_BOUND = 3.0
 

@@ -207,6 +207,19 @@ def test_a_doorbell_naming_a_later_step_does_not_let_it_ahead_of_its_turn(limite
 
 
 @pytest.mark.django_db
+def test_a_doorbell_naming_a_step_already_run_claims_the_queues_steps_under_limits(
+    limited: str,
+) -> None:
+    # A drain that stops at its deadline, or recruits another worker, rings naming the last
+    # step it ran: the worker that answers claims what waits in that queue.
+    first, second = enqueue("acme"), enqueue("globex")
+    assert claim(limit=1) == [first.pk]
+    finish([first.pk])
+    refill_rate()
+    assert claim(limit=5, step_id=first.pk, queue=None) == [second.pk]
+
+
+@pytest.mark.django_db
 def test_priority_orders_steps_before_turns(limited: str) -> None:
     low = enqueue("a")
     high = enqueue("b", priority=10)
