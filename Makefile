@@ -55,8 +55,9 @@ run: demo
 # The suite runs in TEST_PROCESSES processes side by side (pytest-xdist), each on a test
 # database and Redis keys of its own, each taking whole files, so a module's worker process
 # or browser starts once; the costliest files first (tests/parallel_runs.py).
-# TEST_PROCESSES=0: one process.
-TEST_PROCESSES ?= 2
+# TEST_PROCESSES=0: one process. Three on two cores: the tests mostly wait on PostgreSQL,
+# Redis, worker processes and browsers, and three finish the suite under ten minutes here.
+TEST_PROCESSES ?= 3
 PARALLEL := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 test: install
