@@ -33,7 +33,7 @@ from tasks_app import validation
 from tasks_app.db.clock import db_now
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
 from tasks_app.operations import limits
-from tasks_app.operations.limit_use import KeyUse, LimitUse, uses
+from tasks_app.operations.limit_use import KeyUse, LimitUse, use_of, uses
 
 CHANGE_LIMITS = "tasks_app.change_limits"
 # Reading the page and changing its limits, checked before anything is parsed or shown.
@@ -79,10 +79,11 @@ def limit_list(request: ConsoleRequest) -> HttpResponse:
 
 
 def _known(name: str) -> LimitUse:
-    for use in uses():
-        if use.name == name:
-            return use
-    raise Http404(f"no limit is called {name!r}")
+    """The limit by name (``limit_use.use_of``, the services' own lookup), or 404."""
+    try:
+        return use_of(name)
+    except InvalidInput as exc:
+        raise Http404(str(exc)) from exc
 
 
 def _done(request: ConsoleRequest, name: str, words: str) -> HttpResponse:
