@@ -13,7 +13,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote
 from approvals.people import same_person
 from approvals.services import decide_refusal, waiting_on_others
 from approvals.steps import handler_of
-from tasks_app.models import Step
+from tasks_app.models import Step, graphs
 from tasks_app.redaction import redact
 from tasks_app.services import Actor, actor_fields
 
@@ -171,9 +171,9 @@ def review(request: ApprovalRequest) -> Review:
         ),
         None,
     )
-    next_step = Step.objects.filter(task_id=request.task_id).current_one(
-        position=request.step.position + 1
-    )
+    # The first step that waits for the decision (in a line, the one after it).
+    following = Step.objects.current().filter(task_id=request.task_id).order_by("position")
+    next_step = next((s for s in following if request.step.position in graphs.waits_for(s)), None)
     fields = _fields(redact(request.draft), redact(previous.draft) if previous else None)
     handler = handler_of(request)
     editable = set(handler.editable) if handler is not None else set()

@@ -144,6 +144,7 @@ def approval_step(
     remind_before: timedelta | None = None,
     editable: Iterable[str] = (),
     check_draft: DraftCheck | None = None,
+    after: tuple[str, ...] | None = None,
 ) -> StepSpec:
     """A step that waits for a decision.
 
@@ -161,6 +162,8 @@ def approval_step(
     remind the approvers before expiry (default the ``APPROVALS_REMIND_BEFORE`` setting;
     ``timedelta(0)`` for none). ``editable``: the draft's text fields an editor may change
     on the review page; ``check_draft`` (the workflow's rules for a draft) checks the edit.
+    ``after``: the steps it waits for in a graph (``StepSpec.after``; by default the step
+    declared before it).
     """
     if on_expiry not in ExpiryPolicy.values:
         raise ValueError(f"step {kind}: on_expiry must be one of {', '.join(ExpiryPolicy.values)}")
@@ -191,7 +194,7 @@ def approval_step(
         check_draft=check_draft,
     )
     # Never claimed, so no attempts to count: one opening per time the task reaches it.
-    return StepSpec(kind, handler, max_attempts=1, approval=True)
+    return StepSpec(kind, handler, max_attempts=1, approval=True, after=after)
 
 
 def handler_of(request: ApprovalRequest) -> ApprovalHandler | None:

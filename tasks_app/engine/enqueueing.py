@@ -24,6 +24,7 @@ from tasks_app.engine.workflows import Workflow, registry
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, all_of
 from tasks_app.history import counting
 from tasks_app.models import Step, StepStatus, Task, TaskStatus, step_key
+from tasks_app.models.graphs import is_root
 
 T = TypeVar("T")
 
@@ -332,8 +333,9 @@ def _insert_with_orm(
                 idempotency_key=step_key(task.key, position, spec.kind),
                 limits=item.placement.steps[position],
                 limit_turn=turns.get(index) if item.placement.steps[position] else None,
+                after=item.workflow.stored_after(position),
             )
-            if position == 0:
+            if is_root(position, step.after):
                 # Rung after the commit with the others (enqueue's doorbells).
                 make_due(step, item.run_after or now)
             steps.append(step)

@@ -12,6 +12,7 @@ from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fastpath import hot_cursor
 from tasks_app.engine.sql import INSERT_SQL
 from tasks_app.models import Task, TaskStatus
+from tasks_app.models.graphs import is_root
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -53,6 +54,14 @@ def _limits_of(item: Insertable, position: int, turn: int | None) -> dict[str, A
     return {"limits": limits, "turn": turn} if limits else {}
 
 
+def _place_of(workflow: Workflow, position: int) -> dict[str, Any]:
+    """Where the step sits in its workflow's graph, for INSERT_SQL: whether it starts with
+    the task (``root``) and, in a graph, the positions it waits for (a line stores none)."""
+    after = workflow.stored_after(position)
+    place: dict[str, Any] = {"after": after} if after is not None else {}
+    return place | ({"root": True} if is_root(position, after) else {})
+
+
 def insert_tasks(
     items: Sequence[tuple[int, Insertable]],
     turns: dict[int, int | None],
@@ -89,6 +98,7 @@ def insert_tasks(
     steps = [
         {"ord": index, "position": position, "kind": spec.kind, "max_attempts": spec.max_attempts}
         | _limits_of(item, position, turns.get(index))
+        | _place_of(item.workflow, position)
         for index, item in items
         for position, spec in enumerate(item.workflow.steps)
     ]
@@ -103,7 +113,7 @@ def insert_tasks(
         inserted = cursor.fetchall()
     created: dict[int, Task] = {}
     bells: list[Doorbell] = []
-    for index, pk, created_at, first_step, available_at in inserted:
+    for index, pk, created_at, roots, available_at in inserted:
         item = by_index[index]
         row = {
             "id": pk,
@@ -125,6 +135,6 @@ def insert_tasks(
         task = rows.instance(Task, TASK_FIELDS, [row[name] for name in TASK_FIELDS])
         created[index] = task
         countdown = max((available_at - created_at).total_seconds(), 0.0)
-        bells.append(Doorbell(first_step, item.queue, countdown))
+        bells += [Doorbell(root, item.queue, countdown) for root in roots]
     ring_on_commit(bells)
     return created

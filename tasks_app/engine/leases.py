@@ -169,8 +169,8 @@ def _end(claim: Claim, operation: str, ending: Ending) -> bool:
         if step is not None:
             _, reached, bells = end_attempt(task, step, ending)
             # (A task that ended here reached no approval step: a cancel stops it first.)
-            if reached is not None:
-                open_approval_step(task, reached, actor=ending.actor)
+            for approval in reached:
+                open_approval_step(task, approval, actor=ending.actor)
             ring_on_commit(bells)
             return True
     reject_stale(claim, operation)

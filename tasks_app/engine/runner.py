@@ -20,7 +20,7 @@ from tasks_app.engine import crashes, fastpath, leases, limited_claims, stopping
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.effects import LeaseLost
 from tasks_app.engine.lease_keeper import lease_keeper
-from tasks_app.engine.transitions import leads_to_approval, step_context
+from tasks_app.engine.transitions import completes_alone, step_context
 from tasks_app.engine.workflows import StepContext, StepSpec, Workflow, registry
 from tasks_app.exceptions import (
     AWAITING_VERSION,
@@ -100,14 +100,14 @@ def run_batch(claims: Sequence[leases.Claim]) -> int:
     finally:
         for claim in claims:
             lease_keeper.forget(claim)
-    # A success that reaches an approval step opens its request in the same transaction,
-    # which the one-step path does; the rest are recorded together.
+    # A step of a graph, and a success that reaches an approval step (which opens its
+    # request in the same transaction), are recorded one by one; the rest together.
     together: list[tuple[leases.Claim, Any]] = []
     one_by_one: list[tuple[leases.Claim, Any]] = []
     for claim, result in succeeded:
         step = rows[claim.step_id]
-        reaches = leads_to_approval(step.task, step.position)
-        (one_by_one if reaches else together).append((claim, result))
+        alone = completes_alone(step.task, step)
+        (one_by_one if alone else together).append((claim, result))
     fastpath.complete_many(together)
     for claim, result in one_by_one:
         leases.complete_step(claim, result)

@@ -25,6 +25,7 @@ STEP_COLUMNS = (
     "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
     "lease_worker", "dispatched_at", "result", "last_error", "error_class", "error_fingerprint",
     "dead_workflow", "change_request", "started_at", "finished_at", "limits", "limit_turn",
+    "after",
 )  # fmt: skip
 TASK_COLUMNS = (
     "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",
@@ -125,9 +126,9 @@ def claim_sql(limit: int) -> str:
 
 
 # ORM twin: leases.complete_step, that is states.end_attempt for a success. "What a success
-# leads to" is states.after_success (here: the blocked step at the next position; the
-# runner sends a success for which transitions.leads_to_approval holds through
-# complete_step instead), the task's status is states.settle_task's, the steps triple
+# leads to" is states.after_success (here: the blocked step at the next position, in a
+# line; the runner sends a success for which transitions.completes_alone holds, a graph's
+# or one reaching an approval step, through complete_step instead), the task's status is states.settle_task's, the steps triple
 # history.events.step_state's, and the attempt's events are end_attempt's (its event here;
 # the task's ending event, states.record_ending, written by fastpath.complete_many after
 # this statement).
@@ -253,8 +254,9 @@ _TASK_INSERT_COLUMNS = """id, workflow, workflow_version, payload, payload_hash,
 _TASK_INSERT_VALUES = """id, workflow, version, payload, hash, key, queue, priority, 'pending',
     %(author)s, %(user)s, statement_timestamp(), statement_timestamp(), NULL, NULL"""
 
-# ORM twin: enqueueing._insert_with_orm (states.new_step, the first made due by
-# states.make_due). Each step's key is models.step_key's (revision 0),
+# ORM twin: enqueueing._insert_with_orm (states.new_step, the roots made due by
+# states.make_due: a line's first step, a graph's steps that wait for none, which the
+# items say as `root`; graphs.is_root). Each step's key is models.step_key's (revision 0),
 # restated in SQL.
 # One statement: insert the tasks whose keys are free (a key taken meanwhile by a concurrent
 # enqueue makes this wait for it, then skip) and all their steps. No `enqueued` event: the
@@ -271,7 +273,8 @@ WITH input AS (
     )
 ), spec AS (
     SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb)
-        AS s(ord int, position int, kind text, max_attempts int, limits jsonb, turn bigint)
+        AS s(ord int, position int, kind text, max_attempts int, limits jsonb, turn bigint,
+             root bool, after jsonb)
 ), keyed AS (
     INSERT INTO tasks_app_task ({_TASK_INSERT_COLUMNS})
     SELECT {_TASK_INSERT_VALUES}
@@ -291,21 +294,21 @@ WITH input AS (
     INSERT INTO tasks_app_step (task_id, position, revision, kind, status, queue, priority, attempts,
                                 max_attempts, available_at, idempotency_key, fencing_token,
                                 lease_expires_at, dispatched_at, result, last_error, error_class,
-                                started_at, finished_at, limits, limit_turn)
-    SELECT t.id, s.position, 0, s.kind, CASE WHEN s.position = 0 THEN 'pending' ELSE 'blocked' END,
+                                started_at, finished_at, limits, limit_turn, after)
+    SELECT t.id, s.position, 0, s.kind, CASE WHEN s.root THEN 'pending' ELSE 'blocked' END,
            i.queue, i.priority, 0, s.max_attempts,
-           CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
+           CASE WHEN s.root THEN COALESCE(i.run_after, t.created_at) END,
            COALESCE(i.key, 'task-' || t.id) || ':' || s.position || ':' || s.kind, 0,
-           NULL, CASE WHEN s.position = 0 THEN COALESCE(i.run_after, t.created_at) END,
-           NULL, '', '', NULL, NULL, s.limits, s.turn
+           NULL, CASE WHEN s.root THEN COALESCE(i.run_after, t.created_at) END,
+           NULL, '', '', NULL, NULL, s.limits, s.turn, s.after
     FROM tasks t JOIN input i ON i.id = t.id JOIN spec s ON s.ord = i.ord
     ORDER BY t.id, s.position
     RETURNING id, task_id, position, status, available_at
 ), states AS (
-    SELECT task_id, min(id) FILTER (WHERE position = 0) AS first_step,
-           min(available_at) FILTER (WHERE position = 0) AS available_at
+    SELECT task_id, array_agg(id ORDER BY position) FILTER (WHERE status = 'pending') AS roots,
+           min(available_at) AS available_at
     FROM steps GROUP BY task_id
 )
-SELECT i.ord, t.id, t.created_at, st.first_step, st.available_at
+SELECT i.ord, t.id, t.created_at, st.roots, st.available_at
 FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
 """  # noqa: S608 (the names are constants, not input)

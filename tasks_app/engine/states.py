@@ -45,6 +45,7 @@ from tasks_app.models import (
     StepStatus,
     Task,
     TaskStatus,
+    graphs,
     stored_task_status,
 )
 
@@ -199,7 +200,7 @@ class Ending:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | None, list[Doorbell]]:
+def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, list[Step], list[Doorbell]]:
     """End the attempt ``step`` (locked, with its task) is in, as ``ending`` says.
 
     1. Close the worker's lease, if any, with its outcome.
@@ -208,14 +209,15 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | Non
        failure, :func:`next_status`.
     3. Store it with its fields: a success its result, a retry its due time
        (:func:`make_due`), an end its finish time; the error.
-    4. A success makes the next step due, or reaches an approval step (returned, for the
-       caller to open once the events are written); a rejection cancels the rest.
+    4. A success makes the steps that wait for it due, or reaches approval steps (returned,
+       for the caller to open once the events are written); a rejection cancels the rest.
     5. Settle the task, record the attempt's event and, when the attempt ended the task,
        the task's own (``cancelled``, ``dead_lettered``).
 
-    Returns the task's status, the approval step reached, and the doorbells to ring.
+    Returns the task's status, the approval steps reached, and the doorbells to ring.
     """
     bells: list[Doorbell] = []
+    was = task.status
     now = db_now()  # the attempt's end: a retry is never due before its failure ended
     if ending.lease is not None and ending.token is not None:
         close_lease(step, ending.token, ending.lease, now)
@@ -240,7 +242,7 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | Non
             step.result = ending.result
     step.save()
     also: list[Step] = []
-    reached = None
+    reached: list[Step] = []
     if status == StepStatus.SUCCEEDED:
         if ending.lease is not None and step.started_at is not None:
             seconds = (now - step.started_at).total_seconds()
@@ -284,32 +286,47 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, Step | Non
         )
     if task_status == TaskStatus.CANCELLED and ending.cancelled_reason is not None:
         ending_reason = ending.cancelled_reason
-    record_ending(
-        task, task_status, after=kind, step=step, actor=ending.ended_by, reason=ending_reason
-    )
+    if stored_task_status(task_status) != was:
+        # (A branch of a graph may end while the task already ended: dead by another.)
+        record_ending(
+            task, task_status, after=kind, step=step, actor=ending.ended_by, reason=ending_reason
+        )
     return task_status, reached, bells
 
 
-def after_success(task: Task, after: Step, now: datetime) -> tuple[list[Step], Step | None]:
-    """Once ``after`` succeeded: the next step made due, or the approval step reached.
+def after_success(task: Task, done: Step, now: datetime) -> tuple[list[Step], list[Step]]:
+    """Once ``done`` succeeded: the steps it made due, and the approval steps it reached.
 
-    The next step is the task's current row at the next position (the steps of a revision
-    are contiguous; the batch completion's SQL picks it the same way), if it waits for
-    this one (``blocked``). An approval step is not made due (no worker runs it): it is
-    returned as the step to open once the caller's event is written.
+    A step follows once every step it waits for has succeeded (``graphs.ready``, read from
+    the task's current rows). In a line that is the current row at the next position (the
+    steps of a revision are contiguous; the batch completion's SQL picks it the same way),
+    if it waits (``blocked``). An approval step is not made due (no worker runs it): it is
+    returned, for the caller to open once its event is written.
     """
-    following = (
-        Step.objects.filter(task=task, position=after.position + 1)
-        .current()
-        .filter(status=StepStatus.BLOCKED)
-        .first()
-    )
-    if following is None:
-        return [], None
-    if is_approval(task, following.position):
-        return [], following
-    make_due(following, now)
-    return [following], None
+    if done.after is None:
+        following = (
+            Step.objects.filter(task=task, position=done.position + 1)
+            .current()
+            .filter(status=StepStatus.BLOCKED)
+            .first()
+        )
+        ready = [following] if following is not None else []
+    else:
+        current = list(Step.objects.filter(task=task).current())
+        ready = [
+            step
+            for step in graphs.ready(current, StepStatus.SUCCEEDED, StepStatus.BLOCKED)
+            if done.position in graphs.waits_for(step)
+        ]
+    due: list[Step] = []
+    reached: list[Step] = []
+    for step in ready:
+        if is_approval(task, step.position):
+            reached.append(step)
+        else:
+            make_due(step, now)
+            due.append(step)
+    return due, reached
 
 
 def settle_task(task: Task, *, now: datetime | None = None) -> str:

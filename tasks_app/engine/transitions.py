@@ -18,6 +18,7 @@ from tasks_app.models import (
     Step,
     StepStatus,
     Task,
+    graphs,
 )
 
 
@@ -53,11 +54,13 @@ def try_lock_task(task_id: int) -> Task | None:
     return Task.objects.select_for_update(skip_locked=True).filter(pk=task_id).first()
 
 
-def leads_to_approval(task: Task, position: int) -> bool:
-    """Whether a success at ``position`` reaches an approval step, which opens a request in
-    the same transaction instead of being made due: the question both the one-by-one path
-    (:func:`after_success`) and the batch path (``runner.run_batch``) ask."""
-    return is_approval(task, position + 1)
+def completes_alone(task: Task, step: Step) -> bool:
+    """Whether a success of ``step`` is recorded by itself (``leases.complete_step``)
+    rather than in a batch by the fast path's SQL, which knows lines only: a step of a
+    graph (what follows depends on its branches), and one whose success reaches an
+    approval step, which opens a request in the same transaction (the one-by-one path's
+    :func:`after_success`)."""
+    return step.after is not None or is_approval(task, step.position + 1)
 
 
 def is_approval(task: Task, position: int) -> bool:
@@ -72,16 +75,19 @@ def paused_filter() -> Q:
     return Q(queue__in=QueueState.objects.filter(paused=True).values("name"))
 
 
-def step_inputs(task: Task, position: int) -> dict[str, Any]:
-    """The results of the task's earlier steps by kind (current rows): a handler's
-    ``ctx.results``."""
-    if position == 0:
+def step_inputs(task: Task, step: Step) -> dict[str, Any]:
+    """The results, by kind, of the steps ``step`` waits for, directly or not (current
+    rows): a handler's ``ctx.results``. In a line, every step before it; in a graph, its
+    branches and what they waited for, never a parallel branch's."""
+    if graphs.is_root(step.position, step.after):
         return {}
-    return dict(
-        task.steps.filter(status=StepStatus.SUCCEEDED, position__lt=position)
-        .order_by("position", "revision")
-        .values_list("kind", "result")
-    )
+    earlier = task.steps.current().filter(status=StepStatus.SUCCEEDED)
+    if step.after is None:
+        earlier = earlier.filter(position__lt=step.position)
+    else:
+        rows = list(task.steps.current().only("position", "after", "status"))
+        earlier = earlier.filter(position__in=graphs.ancestors(rows, step.position))
+    return dict(earlier.order_by("position", "revision").values_list("kind", "result"))
 
 
 def step_context(
@@ -93,7 +99,7 @@ def step_context(
         task_id=task.pk,
         step_id=step.pk,
         payload=task.payload,
-        results=step_inputs(task, step.position),
+        results=step_inputs(task, step),
         attempt=attempt,
         fencing_token=token,
         step_key=step.idempotency_key,

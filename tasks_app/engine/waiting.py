@@ -28,7 +28,7 @@ from tasks_app.engine.transitions import current_steps, step_context
 from tasks_app.engine.workflows import AwaitDecision, registry
 from tasks_app.exceptions import InvalidTransition, error_class, error_text
 from tasks_app.history.events import event_error
-from tasks_app.models import EventKind, Step, StepStatus, Task, step_key
+from tasks_app.models import EventKind, Step, StepStatus, Task, graphs, step_key
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +136,8 @@ def close_approval_step(
             data=data,
         ),
     )
-    if reached is not None:
-        open_approval_step(task, reached, actor=actor)
+    for approval in reached:
+        open_approval_step(task, approval, actor=actor)
     ring_on_commit(bells)
     return status
 
@@ -215,8 +215,8 @@ def replace_draft(
         revision=revision,
         **data,
     )
-    if reached is not None:
-        open_approval_step(task, reached, actor=actor)
+    for approval in reached:
+        open_approval_step(task, approval, actor=actor)
     ring_on_commit([Doorbell(s.pk, s.queue) for s in due])
     return fresh
 
@@ -237,7 +237,14 @@ def _next_revision(
     )
     if start is None:
         raise InvalidTransition(f"task #{task.pk} has no step {back_to!r} before {approval.kind}")
-    replaced = [current[p] for p in range(start, approval.position + 1)]
+    if approval.after is None:
+        replaced = [current[p] for p in range(start, approval.position + 1)]
+    else:
+        # In a graph: the steps on the way from ``back_to`` to the approval step, not a
+        # parallel branch's.
+        rows = list(current.values())
+        between = graphs.descendants(rows, start) & graphs.ancestors(rows, approval.position)
+        replaced = [current[p] for p in sorted({start, *between, approval.position})]
     revision = max(task.steps.values_list("revision", flat=True)) + 1
     now = db_now()
     supersede(replaced, now)
@@ -253,6 +260,7 @@ def _next_revision(
             idempotency_key=step_key(task.key, old.position, old.kind, revision),
             limits=old.limits,
             limit_turn=old.limit_turn,
+            after=old.after,
         )
         for old in replaced
     ]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tasks_app.exceptions import InvalidInput, InvalidPayload, UnknownWorkflow
+from tasks_app.models.graphs import Graph, graph_of
 
 if TYPE_CHECKING:
     from tasks_app.engine.effects import Effects
@@ -50,8 +51,13 @@ class StepSpec:
     approval: bool = False
     # Flow control for this step kind (tasks_app.engine.limits), beside its workflow's.
     limits: tuple[Limit, ...] = ()
+    # The kinds of the steps it waits for (each declared before it); ``None``, the step
+    # declared just before it (a line); ``()``, none: it starts when the task does.
+    after: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.after, str):
+            raise ValueError(f"step {self.kind}: after takes a tuple of step kinds")
         if not self.kind or ":" in self.kind:
             raise ValueError(f"step kind {self.kind!r}: a non-empty name without ':'")
         if self.max_attempts < 1:
@@ -81,6 +87,8 @@ class Workflow:
     internal: bool = False
     # Flow control for every step of the workflow (tasks_app.engine.limits).
     limits: tuple[Limit, ...] = ()
+    # The steps' dependencies by position (from each step's ``after``), set on creation.
+    graph: Graph = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -92,6 +100,17 @@ class Workflow:
             names = [limit.name for limit in self.limits + step.limits]
             if len(set(names)) != len(names):
                 raise ValueError(f"workflow {self.name}: step {step.kind} names a limit twice")
+        object.__setattr__(self, "graph", graph_of(self.name, self.steps))
+
+    @property
+    def is_line(self) -> bool:
+        """Whether each step waits for the one declared before it, and only for it."""
+        return self.graph.is_line
+
+    def stored_after(self, position: int) -> list[int] | None:
+        """What a step row stores of the steps it waits for (``Step.after``): their
+        positions in a graph; nothing in a line, where it is the position before."""
+        return None if self.is_line else list(self.graph.after[position])
 
     @property
     def limited(self) -> bool:

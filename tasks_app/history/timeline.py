@@ -37,6 +37,7 @@ from tasks_app.models import (
     derive_task_status,
     leases_of,
 )
+from tasks_app.models.graphs import is_root
 
 # Transitions an attempt's Lease row records, in the order they happen within an attempt.
 RECORDED_BY_ATTEMPTS = (EventKind.CLAIMED, EventKind.SUCCEEDED)
@@ -77,7 +78,8 @@ def enqueued(task: Task, first_steps: Iterable[Step]) -> DerivedEvent:
     """The enqueue ``task``'s row records, with its steps of revision 0 as it made them.
 
     How the enqueue makes them is written twice, and read here: ``sql.INSERT_SQL`` (the
-    first ``pending``, the rest ``blocked``) and its ORM twin ``enqueueing._insert_with_orm``
+    roots ``pending``: a line's first step, a graph's steps that wait for none; the rest
+    ``blocked``) and its ORM twin ``enqueueing._insert_with_orm``
     (``states.new_step``, the first made due by ``states.make_due``). The fold check after
     every test compares what this reads with the rows either writer stored."""
     return DerivedEvent(
@@ -94,7 +96,9 @@ def enqueued(task: Task, first_steps: Iterable[Step]) -> DerivedEvent:
             "payload_hash": task.payload_hash,
             "steps": {
                 str(step.pk): [
-                    StepStatus.PENDING if step.position == 0 else StepStatus.BLOCKED,
+                    StepStatus.PENDING
+                    if is_root(step.position, step.after)
+                    else StepStatus.BLOCKED,
                     0,
                     0,
                 ]
@@ -239,7 +243,7 @@ def histories(task_ids: Iterable[int]) -> dict[int, list[HistoryEntry]]:
     steps = list(
         Step.objects.filter(task_id__in=ids).only(
             "id", "task_id", "position", "revision", "status", "attempts", "fencing_token",
-            "started_at", "lease_worker", "lease_expires_at",
+            "started_at", "lease_worker", "lease_expires_at", "after",
         )
     )  # fmt: skip
     owner = {step.pk: step.task_id for step in steps}

@@ -64,12 +64,14 @@ def derive_task_status(
     if the step that was running finished its work: a late result does not revive it.
     """
     current = [status for status in step_statuses if status != StepStatus.SUPERSEDED]
+    if cancel_requested:
+        return TaskStatus.RUNNING if StepStatus.RUNNING in current else TaskStatus.CANCELLED
+    if StepStatus.DEAD in current:
+        # A dead branch of a graph makes its task dead at once, for a person to redrive,
+        # while the branches already running finish (a line runs one step at a time).
+        return TaskStatus.DEAD
     if StepStatus.RUNNING in current:
         return TaskStatus.RUNNING
-    if cancel_requested:
-        return TaskStatus.CANCELLED
-    if StepStatus.DEAD in current:
-        return TaskStatus.DEAD
     if StepStatus.WAITING_APPROVAL in current:
         return TaskStatus.WAITING_APPROVAL
     if StepStatus.CANCELLED in current:

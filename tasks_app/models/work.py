@@ -258,6 +258,9 @@ class Step(models.Model):
     # [[name, key, weight], ...], and its turn among them; both None for a step under none.
     limits = models.JSONField(null=True, blank=True)
     limit_turn = models.BigIntegerField(null=True, blank=True)
+    # The positions this step waits for, as its task's graph was when it was enqueued
+    # (tasks_app.models.graphs); None in a line, where it waits for the position before.
+    after = models.JSONField(null=True, blank=True)
 
     objects: ClassVar[StepQuerySet] = StepQuerySet.as_manager()  # type: ignore[assignment]
 

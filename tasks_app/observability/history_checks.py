@@ -19,9 +19,9 @@ records hold) and its stored steps, already loaded for a batch by
 - ``terminal``: one end per run. An event whose ``task_status`` is ``succeeded``,
   ``cancelled`` or ``dead`` ends a run; another may follow only once an event made the
   task ``pending``, ``running`` or ``waiting_approval`` again, except a dead task that
-  is then cancelled or resolved as done, and the ``cancelled`` or ``dead_lettered``
-  event written with the transition that ended the run (an expired lease or approval, a
-  rejection).
+  is then cancelled or resolved as done, the attempts of a graph's other branches that
+  end while it is dead, and the ``cancelled`` or ``dead_lettered`` event written with the
+  transition that ended the run (an expired lease or approval, a rejection).
 """
 
 from __future__ import annotations
@@ -232,6 +232,14 @@ def _ends_again_legitimately(
     """Whether ``event`` may say the task ended when ``ended_by`` had already said so."""
     # A dead task waits for a person: cancelling it, or resolving it as done, ends it anew.
     if ended_by.data.get("task_status") == TaskStatus.DEAD and status != TaskStatus.DEAD:
+        return True
+    # In a graph, the branches running when another died end their attempts after it,
+    # leaving the task dead.
+    if (
+        ended_by.data.get("task_status") == status == TaskStatus.DEAD
+        and event.kind in ATTEMPT_ENDINGS
+        and event.step_id not in (None, ended_by.step_id)
+    ):
         return True
     # The cancelled or dead_lettered event written beside the transition that ended it.
     return (

@@ -22,6 +22,9 @@ Each check names something that never holds in a healthy system, however busy:
 - ``claim``: a claim (token t) with no later event of its step carrying token t that
   ends the attempt (``succeeded``, ``retry_scheduled``, ``dead_lettered``, ``cancelled``,
   ``lease_expired``, ``claim_released``), while the step does not run on token t any more;
+- ``order``: a step made due, run or ended before every step it waits for had succeeded
+  (:mod:`tasks_app.observability.graph_checks`: the step before it in a line, each of its
+  branches in a graph);
 - ``terminal``: an event ending a run (``task_status`` succeeded, cancelled or dead) that
   an earlier one already ended, with nothing in between making the task pending, running
   or waiting again (a dead task cancelled or resolved as done, and the ``cancelled`` or
@@ -58,6 +61,7 @@ from tasks_app.models import (
     Task,
 )
 from tasks_app.models.json_columns import is_undecodable
+from tasks_app.observability.graph_checks import StepRow, order_findings
 from tasks_app.observability.history_checks import (
     EventRow,
     first_steps_findings,
@@ -163,14 +167,17 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         findings += _undecodable(pk, None, {"payload": payload})
     steps: dict[int, dict[int, StepState]] = {pk: {} for pk in statuses}
     first_positions: dict[int, list[int]] = {pk: [] for pk in statuses}
-    for pk, task_id, position, revision, status, attempts, token, result, change in (
-        Step.objects.filter(task_id__in=ids).values_list(
-            "pk", "task_id", "position", "revision", "status", "attempts", "fencing_token",
-            "result", "change_request",
-        )
+    placed: dict[int, list[StepRow]] = {pk: [] for pk in statuses}
+    for (
+        pk, task_id, position, revision, status, attempts, token, result, change, after,
+        started_at, finished_at,
+    ) in Step.objects.filter(task_id__in=ids).values_list(
+        "pk", "task_id", "position", "revision", "status", "attempts", "fencing_token",
+        "result", "change_request", "after", "started_at", "finished_at",
     ):  # fmt: skip
         if task_id in steps:
             steps[task_id][pk] = StepState(status, attempts, token)
+            placed[task_id].append(StepRow(pk, position, status, after, started_at, finished_at))
             if revision == 0:
                 first_positions[task_id].append(position)
             findings += _undecodable(task_id, pk, {"result": result, "change_request": change})
@@ -190,6 +197,7 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         findings += _unlettered(task_id, steps[task_id], events[task_id])
         findings += history_findings(task_id, steps[task_id], events[task_id])
         findings += first_steps_findings(task_id, first_positions[task_id])
+        findings += order_findings(task_id, placed[task_id])
     decided_by_nobody = [
         pk
         for task_steps in steps.values()

@@ -158,7 +158,7 @@ def resolve(
             # "It did not happen": forget the unfinished effects so the next attempt calls.
             started.delete()
             _run_again(step, now)
-            due, reached = [step], None
+            due, reached = [step], []
         settle_and_record(
             EventKind.RESOLVED,
             locked,
@@ -169,7 +169,7 @@ def resolve(
             outcome=outcome,
             **_plan_data(plan),
         )
-        _ring_or_open(locked, [*due, *([reached] if reached else [])], actor=actor)
+        _ring_or_open(locked, [*due, *reached], actor=actor)
     return locked
 
 

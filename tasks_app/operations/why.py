@@ -30,6 +30,7 @@ from tasks_app.models import (
     Step,
     StepStatus,
     Task,
+    graphs,
 )
 from tasks_app.operations import limit_use
 from tasks_app.operations.why_blockers import (
@@ -66,7 +67,7 @@ def why_step(step: Step) -> list[Blocker]:
         return []
     before = None
     if step.status == StepStatus.BLOCKED:
-        before = Step.objects.current_one(task_id=step.task_id, position=step.position - 1)
+        before = waited_for(step, Step.objects.current().filter(task_id=step.task_id))
     facts = _read_facts([step])
     return _step_blockers(step, before, facts)
 
@@ -108,9 +109,16 @@ def _task_blockers(steps: Sequence[Step], facts: Facts) -> list[Blocker]:
             found.extend(_step_blockers(step, None, facts))
     blocked = next((s for s in steps if s.status == StepStatus.BLOCKED), None)
     if blocked is not None:
-        before = next((s for s in steps if s.position == blocked.position - 1), None)
-        found.extend(_step_blockers(blocked, before, facts))
+        found.extend(_step_blockers(blocked, waited_for(blocked, steps), facts))
     return found
+
+
+def waited_for(blocked: Step, current: Iterable[Step]) -> Step | None:
+    """The step ``blocked`` waits for (among its task's ``current`` rows): in a line the
+    one before it; in a graph the first of its dependencies that has not succeeded."""
+    deps = graphs.waits_for(blocked)
+    rows = sorted((s for s in current if s.position in deps), key=lambda s: s.position)
+    return next((s for s in rows if s.status != StepStatus.SUCCEEDED), rows[0] if rows else None)
 
 
 # --- the facts --------------------------------------------------------------------------------
