@@ -18,8 +18,9 @@ from django.db.models.functions import Now
 from tasks_app.db import rows
 from tasks_app.db.clock import now_plus
 from tasks_app.engine.dispatch import ring_on_commit
+from tasks_app.engine.endings import Ending
 from tasks_app.engine.sql import STEP_COLUMNS, TASK_COLUMNS
-from tasks_app.engine.states import Ending, end_attempt, start_attempt
+from tasks_app.engine.states import end_attempt, start_attempt
 from tasks_app.engine.transitions import lock_task, paused_filter
 from tasks_app.engine.waiting import open_approval_step
 from tasks_app.exceptions import AWAITING_VERSION

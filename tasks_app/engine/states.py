@@ -6,8 +6,9 @@ with it, and what the task becomes.
 - :func:`make_due`: the one way a step becomes ``pending`` (a new step reached, a retry,
   a hand-back, a redrive, a new revision), with its doorbell.
 - :func:`end_attempt`: an attempt ends (a worker's result or failure, a hand-back, a lease
-  run out, a person's decision on an approval step); it decides the step's next status,
-  makes what follows a success due, settles the task and records the events.
+  run out, a person's decision on an approval step), as its ``Ending`` says
+  (``tasks_app.engine.endings``); it decides the step's next status, makes what follows a
+  success due, settles the task and records the events.
 - :func:`settle_task`: the task's status derived from its current steps.
 - And the statuses a person's action or a revision gives: :func:`succeed`,
   :func:`wait_for_approval`, :func:`cancel_steps`, :func:`supersede`, and a new row's
@@ -23,18 +24,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import F
 from django.db.models.functions import Now
 
-from tasks_app.access import SYSTEM, Actor
+from tasks_app.access import Actor
 from tasks_app.db.clock import db_now, now_plus
 from tasks_app.engine.announcements import announce_on_commit
 from tasks_app.engine.attempt_records import close_lease
 from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell
+from tasks_app.engine.endings import ENDING_EVENTS, FAILED_ATTEMPT_EVENTS, Ending, next_status
 from tasks_app.engine.transitions import is_approval
 from tasks_app.history import counting, derive_task_status
 from tasks_app.history.events import event_error, record_event
@@ -50,19 +51,6 @@ from tasks_app.models import (
 )
 
 logger = logging.getLogger(__name__)
-
-# The event of a task that an attempt ended, by the status it ended in.
-ENDING_EVENTS: dict[str, str] = {
-    TaskStatus.CANCELLED: EventKind.CANCELLED,
-    TaskStatus.DEAD: EventKind.DEAD_LETTERED,
-}
-
-# The event of a failed attempt, by the status :func:`next_status` gave its step.
-FAILED_ATTEMPT_EVENTS: dict[str, str] = {
-    StepStatus.CANCELLED: EventKind.CANCELLED,
-    StepStatus.PENDING: EventKind.RETRY_SCHEDULED,
-    StepStatus.DEAD: EventKind.DEAD_LETTERED,
-}
 
 
 def new_step(**fields: Any) -> Step:
@@ -158,46 +146,6 @@ def supersede(steps: Sequence[Step], now: datetime) -> None:
         step.status = StepStatus.SUPERSEDED
         step.finished_at = step.finished_at or now
     Step.objects.bulk_update(steps, ["status", "finished_at"])
-
-
-def next_status(task: Task, step: Step, *, may_retry: bool) -> str:
-    """The status a failed or expired attempt leaves its step in: ``cancelled`` once a
-    cancel was requested; ``pending`` (tried again) while a retry is allowed and attempts
-    remain; ``dead`` otherwise."""
-    if task.cancel_requested_at is not None:
-        return StepStatus.CANCELLED
-    if may_retry and step.attempts < step.max_attempts:
-        return StepStatus.PENDING
-    return StepStatus.DEAD
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How an attempt ended, as the one ending it knows it, for :func:`end_attempt`."""
-
-    # The attempt's event; None: the failure's, by the status it leaves its step in.
-    event: str | None
-    actor: Actor
-    # The worker's lease to close with this outcome (a person's decision has none).
-    lease: str | None = None
-    token: int | None = None
-    # Decided by the caller: a success or a person's decision on an approval step.
-    status: str | None = None
-    result: Any = None
-    # A failure: tried again after this many seconds while attempts remain (None: never).
-    retry_in: float | None = None
-    # Handed back uncharged: due again after ``retry_in`` seconds (0 when None).
-    handed_back: bool = False
-    # The step's error (class, message), and whether a cancelled step records it too.
-    error: tuple[str, str] | None = None
-    error_when_cancelled: bool = True
-    reason: str = ""
-    # Who ends the task, and why, when this attempt ends it (dead or cancelled; a cancel's
-    # own reason when it differs).
-    ended_by: Actor = SYSTEM
-    ending_reason: str = ""
-    cancelled_reason: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, list[Step], list[Doorbell]]:

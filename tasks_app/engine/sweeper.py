@@ -18,7 +18,8 @@ from tasks_app.db.clock import db_now
 from tasks_app.db.lock_conflicts import is_lock_conflict, lock_wait
 from tasks_app.engine import presence
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.states import Ending, end_attempt
+from tasks_app.engine.endings import Ending
+from tasks_app.engine.states import end_attempt
 from tasks_app.engine.transitions import paused_filter, try_lock_task
 from tasks_app.exceptions import LEASE_EXPIRED, UNDECODABLE_PAYLOAD
 from tasks_app.models import EventKind, Lease, Step, StepStatus

@@ -13,8 +13,8 @@ from django.db import transaction
 from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
+from tasks_app.engine.endings import Ending
 from tasks_app.engine.states import (
-    Ending,
     after_success,
     end_attempt,
     make_due,

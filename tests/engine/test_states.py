@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from tasks_app.engine.states import Ending, end_attempt, next_status
+from tasks_app.engine.endings import Ending, next_status
+from tasks_app.engine.states import end_attempt
 from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tests.conftest import event_kinds, only_step
 from tests.factories import noop
