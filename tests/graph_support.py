@@ -24,6 +24,7 @@ class Remote:
     writes: list[str] = field(default_factory=list)
     failing: set[str] = field(default_factory=set)
     seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    broken: bool = False
 
     def branch(self, name: str) -> Callable[[StepContext], dict[str, Any]]:
         def run(ctx: StepContext) -> dict[str, Any]:
@@ -81,3 +82,46 @@ def run(task: Task, kind: str) -> None:
 
 def enqueue(flow: Workflow, key: str | None = None) -> Task:
     return services.enqueue(flow.name, {"n": 1}, idempotency_key=key).task
+
+
+def translations(name: str, remote: Remote, *, max_items: int = 5) -> Workflow:
+    """``plan`` (the languages of the payload) -> ``translate``, fanned out once per
+    language -> ``publish``, which joins them. ``remote.failing`` names languages whose
+    translation fails; ``remote.broken`` makes the fan-out itself fail."""
+
+    def plan(ctx: StepContext) -> dict[str, Any]:
+        return {"languages": ctx.payload["languages"]}
+
+    def languages(results: Any) -> list[str]:
+        if remote.broken:
+            raise RuntimeError("the language list is unreadable")
+        return list(results["plan"]["languages"])
+
+    def translate(ctx: StepContext) -> dict[str, Any]:
+        remote.seen[f"translate:{ctx.item}"] = {"index": ctx.item_index, **ctx.results}
+        if ctx.item in remote.failing:
+            raise PermanentError(f"{ctx.item}: no translator")
+
+        def call(key: str) -> dict[str, Any]:
+            remote.writes.append(f"translate:{ctx.item}")
+            return {"key": key}
+
+        written = ctx.effects.run("send", call, idempotent_remote=False)
+        return {"language": ctx.item, "key": written["key"]}
+
+    return Workflow(
+        name,
+        1,
+        steps=(
+            StepSpec("plan", plan),
+            StepSpec(
+                "translate",
+                translate,
+                after=("plan",),
+                fan_out=languages,
+                max_items=max_items,
+                max_attempts=1,
+            ),
+            StepSpec("publish", remote.branch("publish"), after=("translate",)),
+        ),
+    )

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from tasks_app.db import clock
-from tasks_app.engine import crashes, fastpath, leases, limited_claims, stopping
+from tasks_app.engine import crashes, fan_outs, fastpath, leases, limited_claims, stopping
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.effects import LeaseLost
 from tasks_app.engine.lease_keeper import lease_keeper
@@ -159,6 +159,12 @@ def _run_one(claim: leases.Claim, step: Step) -> Any:
     if unreadable is not None:
         _dead(claim, UNDECODABLE_PAYLOAD, unreadable, UNDECODABLE_PAYLOAD)
         return _RECORDED
+    if spec.fan_out is not None:
+        try:
+            ctx.item, ctx.item_index = fan_outs.item_of(spec, ctx.results, step.item), step.item
+        except ValueError as exc:
+            _dead(claim, fan_outs.FAN_OUT_REFUSED, str(exc), "permanent_error")
+            return _RECORDED
     lease_keeper.started(claim, ctx, spec.timeout)
     try:
         result = spec.handler(ctx)

@@ -25,7 +25,7 @@ STEP_COLUMNS = (
     "max_attempts", "available_at", "idempotency_key", "fencing_token", "lease_expires_at",
     "lease_worker", "dispatched_at", "result", "last_error", "error_class", "error_fingerprint",
     "dead_workflow", "change_request", "started_at", "finished_at", "limits", "limit_turn",
-    "after",
+    "after", "item",
 )  # fmt: skip
 TASK_COLUMNS = (
     "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",

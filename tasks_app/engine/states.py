@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,11 +33,12 @@ from django.db.models.functions import Now
 
 from tasks_app.access import Actor
 from tasks_app.db.clock import db_now, now_plus
+from tasks_app.engine import fan_outs
 from tasks_app.engine.announcements import announce_on_commit
 from tasks_app.engine.attempt_records import close_lease
 from tasks_app.engine.dispatch import MAX_COUNTDOWN, Doorbell
 from tasks_app.engine.endings import ENDING_EVENTS, FAILED_ATTEMPT_EVENTS, Ending, next_status
-from tasks_app.engine.transitions import is_approval
+from tasks_app.engine.transitions import is_approval, step_inputs
 from tasks_app.history import counting, derive_task_status
 from tasks_app.history.events import event_error, record_event
 from tasks_app.models import (
@@ -190,14 +192,15 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, list[Step]
             step.result = ending.result
     step.save()
     also: list[Step] = []
-    reached: list[Step] = []
+    following = Following()
     if status == StepStatus.SUCCEEDED:
         if ending.lease is not None and step.started_at is not None:
             seconds = (now - step.started_at).total_seconds()
             counting.add(counting.step_seconds([seconds], task.workflow))
         if task.cancel_requested_at is None:
-            also, reached = after_success(task, step, now)
-            bells += [Doorbell(s.pk, s.queue) for s in also]
+            following = after_success(task, step, now)
+            also = following.changed
+            bells += [Doorbell(s.pk, s.queue) for s in following.due]
     elif status == StepStatus.CANCELLED and ending.status is not None:
         also = cancel_steps(task, (StepStatus.BLOCKED, StepStatus.PENDING), now)
     if ending.event is None:
@@ -217,6 +220,8 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, list[Step]
         data["retry_in"] = ending.retry_in if kind == EventKind.RETRY_SCHEDULED else None
     if ending.handed_back or ending.event == EventKind.LEASE_EXPIRED:
         data["step_status"] = str(status)
+    if following.fanned_out:
+        data["fanned_out"] = following.fanned_out
     if kind == EventKind.SUCCEEDED and ending.lease is not None and not also:
         # The attempt's Lease row records a worker's success (history.timeline); an event
         # is written only for the next step it made due.
@@ -234,47 +239,90 @@ def end_attempt(task: Task, step: Step, ending: Ending) -> tuple[str, list[Step]
         )
     if task_status == TaskStatus.CANCELLED and ending.cancelled_reason is not None:
         ending_reason = ending.cancelled_reason
-    if stored_task_status(task_status) != was:
+    fan_outs.letter_refused(task, following.refused, task_status, ending.ended_by)
+    if stored_task_status(task_status) != was and not following.refused:
         # (A branch of a graph may end while the task already ended: dead by another.)
         record_ending(
             task, task_status, after=kind, step=step, actor=ending.ended_by, reason=ending_reason
         )
-    return task_status, reached, bells
+    return task_status, following.approvals, bells
 
 
-def after_success(task: Task, done: Step, now: datetime) -> tuple[list[Step], list[Step]]:
-    """Once ``done`` succeeded: the steps it made due, and the approval steps it reached.
+@dataclass
+class Following:
+    """What a success started (:func:`after_success`): the rows made due (to ring for), the
+    approval steps reached (to open once the event is written), every row it changed (for
+    the event), the fan-outs refused (dead: each gets its ``dead_lettered`` event, by
+    ``fan_outs.letter_refused``) and how many rows each fan-out made, by kind."""
 
-    A step follows once every step it waits for has succeeded (``graphs.ready``, read from
-    the task's current rows). In a line that is the current row at the next position (the
-    steps of a revision are contiguous; the batch completion's SQL picks it the same way),
-    if it waits (``blocked``). An approval step is not made due (no worker runs it): it is
-    returned, for the caller to open once its event is written.
+    due: list[Step] = field(default_factory=list)
+    approvals: list[Step] = field(default_factory=list)
+    changed: list[Step] = field(default_factory=list)
+    refused: list[Step] = field(default_factory=list)
+    fanned_out: dict[str, int] = field(default_factory=dict)
+
+
+def after_success(task: Task, done: Step, now: datetime) -> Following:
+    """Once ``done`` succeeded, start each step that waited for it alone (:func:`start`).
+
+    A step follows once every row of every step it waits for has succeeded
+    (``graphs.ready``, read from the task's current rows). In a line that is the current row
+    at the next position (the steps of a revision are contiguous; the batch completion's SQL
+    picks it the same way), if it waits (``blocked``). A fan-out of no items succeeds at
+    once, and what waited for it follows in turn.
     """
-    if done.after is None:
-        following = (
-            Step.objects.filter(task=task, position=done.position + 1)
-            .current()
-            .filter(status=StepStatus.BLOCKED)
-            .first()
-        )
-        ready = [following] if following is not None else []
-    else:
-        current = list(Step.objects.filter(task=task).current())
-        ready = [
-            step
-            for step in graphs.ready(current, StepStatus.SUCCEEDED, StepStatus.BLOCKED)
-            if done.position in graphs.waits_for(step)
-        ]
-    due: list[Step] = []
-    reached: list[Step] = []
-    for step in ready:
-        if is_approval(task, step.position):
-            reached.append(step)
+    following = Following()
+    todo = [done]
+    while todo:
+        done = todo.pop()
+        if done.after is None:
+            nxt = Step.objects.current_one(task=task, position=done.position + 1)
+            ready = [nxt] if nxt is not None and nxt.status == StepStatus.BLOCKED else []
         else:
-            make_due(step, now)
-            due.append(step)
-    return due, reached
+            current = list(Step.objects.filter(task=task).current())
+            ready = [
+                step
+                for step in graphs.ready(current, StepStatus.SUCCEEDED, StepStatus.BLOCKED)
+                if done.position in graphs.waits_for(step)
+            ]
+        for step in ready:
+            todo += start(task, step, now, following)
+    return following
+
+
+def start(task: Task, step: Step, now: datetime, following: Following) -> list[Step]:
+    """Start ``step``, whose steps it waits for have succeeded (or a dead fan-out a redrive
+    asks for the items of again), adding to ``following``: an approval step is reached (no
+    worker runs it); a fan-out asks for its items (``fan_outs``) and makes a due row of
+    each, succeeds at once for none, or is refused (dead); any other step is made due.
+    Returns the rows that succeeded at once, whose followers start next."""
+    if is_approval(task, step.position):
+        following.approvals.append(step)
+        return []
+    spec = fan_outs.spec_of(task, step)
+    made = fan_outs.items_for(spec, step_inputs(task, step)) if spec is not None else None
+    following.changed.append(step)
+    if made is not None and made.items is None:
+        step.status, step.finished_at = StepStatus.DEAD, now
+        step.error_class, step.last_error = fan_outs.FAN_OUT_REFUSED, made.error
+        step.save(update_fields=["status", "finished_at", "error_class", "last_error"])
+        following.refused.append(step)
+        return []
+    if made is not None:
+        following.fanned_out[step.kind] = len(made.items or ())
+        if not made.items:
+            succeed(step, [], now)
+            return [step]
+    make_due(step, now, fresh_budget=True)
+    following.due.append(step)
+    items = len(made.items or ()) if made is not None else 1
+    more = [fan_outs.item_row(task, step, item) for item in range(1, items)]
+    for row in more:
+        make_due(row, now, save=False)
+    Step.objects.bulk_create(more)
+    following.due += more
+    following.changed += more
+    return []
 
 
 def settle_task(task: Task, *, now: datetime | None = None) -> str:

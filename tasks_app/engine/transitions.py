@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
+from tasks_app.engine import fan_outs
 from tasks_app.engine.effects import Effects
 from tasks_app.engine.workflows import StepContext, registry
 from tasks_app.history import counting
@@ -78,7 +79,8 @@ def paused_filter() -> Q:
 def step_inputs(task: Task, step: Step) -> dict[str, Any]:
     """The results, by kind, of the steps ``step`` waits for, directly or not (current
     rows): a handler's ``ctx.results``. In a line, every step before it; in a graph, its
-    branches and what they waited for, never a parallel branch's."""
+    branches and what they waited for, never a parallel branch's. A fan-out's results come
+    as one list (``fan_outs.results_of``)."""
     if graphs.is_root(step.position, step.after):
         return {}
     earlier = task.steps.current().filter(status=StepStatus.SUCCEEDED)
@@ -87,7 +89,18 @@ def step_inputs(task: Task, step: Step) -> dict[str, Any]:
     else:
         rows = list(task.steps.current().only("position", "after", "status"))
         earlier = earlier.filter(position__in=graphs.ancestors(rows, step.position))
-    return dict(earlier.order_by("position", "revision").values_list("kind", "result"))
+    by_kind: dict[str, list[Step]] = {}
+    for row in earlier.order_by("position", "revision", "item").only(
+        "kind", "result", "position", "item", "attempts"
+    ):
+        by_kind.setdefault(row.kind, []).append(row)
+    flow = registry.get(task.workflow, task.workflow_version)
+    results: dict[str, Any] = {}
+    for kind, found in by_kind.items():
+        spec = flow.step(found[0].position) if flow is not None else None
+        fanned = spec is not None and spec.fan_out is not None
+        results[kind] = fan_outs.results_of(found) if fanned else found[-1].result
+    return results
 
 
 def step_context(

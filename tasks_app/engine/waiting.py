@@ -12,6 +12,7 @@ from django.db import transaction
 
 from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
+from tasks_app.engine import fan_outs
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.endings import Ending
 from tasks_app.engine.states import (
@@ -204,20 +205,21 @@ def replace_draft(
     first = fresh[0]
     succeed(first, draft, now)
     Step.objects.bulk_create(fresh)
-    due, reached = after_success(task, first, now)
-    settle_and_record(
+    following = after_success(task, first, now)
+    status = settle_and_record(
         EventKind.DRAFT_EDITED,
         task,
         step_id=approval.pk,
         actor=actor,
         reason=reason,
-        steps=[*replaced, *fresh],
+        steps=[*replaced, *fresh, *following.changed],
         revision=revision,
         **data,
     )
-    for approval in reached:
-        open_approval_step(task, approval, actor=actor)
-    ring_on_commit([Doorbell(s.pk, s.queue) for s in due])
+    fan_outs.letter_refused(task, following.refused, status, actor)
+    for reached in following.approvals:
+        open_approval_step(task, reached, actor=actor)
+    ring_on_commit([Doorbell(s.pk, s.queue) for s in following.due])
     return fresh
 
 
@@ -226,7 +228,9 @@ def _next_revision(
 ) -> tuple[list[Step], list[Step], int, datetime]:
     """Supersede the current rows from the step of kind ``back_to`` through ``approval``,
     and make (unsaved, ``blocked``) the rows of the next revision that replace them."""
-    current = {s.position: s for s in current_steps(task)}
+    rows = current_steps(task)
+    # By position, a fan-out's first row: a revision makes one, which fans out anew.
+    current = {s.position: s for s in rows if s.item == 0}
     start = next(
         (
             s.position
@@ -238,13 +242,13 @@ def _next_revision(
     if start is None:
         raise InvalidTransition(f"task #{task.pk} has no step {back_to!r} before {approval.kind}")
     if approval.after is None:
-        replaced = [current[p] for p in range(start, approval.position + 1)]
+        positions = set(range(start, approval.position + 1))
     else:
         # In a graph: the steps on the way from ``back_to`` to the approval step, not a
         # parallel branch's.
-        rows = list(current.values())
         between = graphs.descendants(rows, start) & graphs.ancestors(rows, approval.position)
-        replaced = [current[p] for p in sorted({start, *between, approval.position})]
+        positions = {start, *between, approval.position}
+    replaced = [s for s in rows if s.position in positions]
     revision = max(task.steps.values_list("revision", flat=True)) + 1
     now = db_now()
     supersede(replaced, now)
@@ -262,6 +266,6 @@ def _next_revision(
             limit_turn=old.limit_turn,
             after=old.after,
         )
-        for old in replaced
+        for old in (current[p] for p in sorted(positions))
     ]
     return replaced, fresh, revision, now

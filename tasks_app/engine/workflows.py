@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from tasks_app.models import Step, Task
 
 Handler = Callable[["StepContext"], Any]
+# The most rows one fan-out may make (a step row's item is a small integer).
+MAX_FAN_OUT = 10_000
 PayloadValidator = Callable[[dict[str, Any]], None]
 
 
@@ -54,6 +56,12 @@ class StepSpec:
     # The kinds of the steps it waits for (each declared before it); ``None``, the step
     # declared just before it (a line); ``()``, none: it starts when the task does.
     after: tuple[str, ...] | None = None
+    # A fan-out (tasks_app.engine.fan_outs): once the steps it waits for succeeded, it runs
+    # once per item of the list ``fan_out(results)`` gives (their results by kind), at most
+    # ``max_items``; each run gets its item as ``ctx.item``, and a step after it gets their
+    # results as one list.
+    fan_out: Callable[[Mapping[str, Any]], Sequence[Any]] | None = None
+    max_items: int = 100
 
     def __post_init__(self) -> None:
         if isinstance(self.after, str):
@@ -66,6 +74,10 @@ class StepSpec:
             raise ValueError(f"step {self.kind}: need 0 <= backoff_base <= backoff_cap")
         if self.approval and self.limits:
             raise ValueError(f"step {self.kind}: an approval step runs under no limit")
+        if self.fan_out is not None and self.approval:
+            raise ValueError(f"step {self.kind}: an approval step cannot fan out")
+        if not 1 <= self.max_items <= MAX_FAN_OUT:
+            raise ValueError(f"step {self.kind}: max_items must be from 1 to {MAX_FAN_OUT}")
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Capped exponential backoff with full jitter, for the retry after ``attempt``."""
@@ -104,8 +116,9 @@ class Workflow:
 
     @property
     def is_line(self) -> bool:
-        """Whether each step waits for the one declared before it, and only for it."""
-        return self.graph.is_line
+        """Whether each step waits for the one declared before it, and only for it, and
+        none fans out."""
+        return self.graph.is_line and not any(step.fan_out for step in self.steps)
 
     def stored_after(self, position: int) -> list[int] | None:
         """What a step row stores of the steps it waits for (``Step.after``): their
@@ -241,6 +254,9 @@ class StepContext:
     # On a revision's first row: what the reviewer asked for (``comment``, ``by``,
     # ``previous_draft``, ``revision``).
     change_request: Mapping[str, Any] | None = None
+    # In a fan-out: this run's item, and its index among them (None, 0 elsewhere).
+    item: Any = None
+    item_index: int = 0
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
 

@@ -243,7 +243,7 @@ def histories(task_ids: Iterable[int]) -> dict[int, list[HistoryEntry]]:
     steps = list(
         Step.objects.filter(task_id__in=ids).only(
             "id", "task_id", "position", "revision", "status", "attempts", "fencing_token",
-            "started_at", "lease_worker", "lease_expires_at", "after",
+            "started_at", "lease_worker", "lease_expires_at", "after", "item",
         )
     )  # fmt: skip
     owner = {step.pk: step.task_id for step in steps}
@@ -254,7 +254,7 @@ def histories(task_ids: Iterable[int]) -> dict[int, list[HistoryEntry]]:
     )  # fmt: skip
     first: dict[int, list[Step]] = {}
     for step in steps:
-        if step.revision == 0:
+        if step.revision == 0 and step.item == 0:  # (a fan-out's later items came later)
             first.setdefault(step.task_id, []).append(step)
     for task in tasks:
         derived[task.pk].append(enqueued(task, first.get(task.pk, [])))

@@ -90,9 +90,11 @@ def is_root(position: int, after: Iterable[int] | None) -> bool:
 
 def ready(rows: Iterable[_Row], succeeded: str, blocked: str) -> list[Any]:
     """Among a task's current ``rows``, the ``blocked`` ones every step they wait for has
-    ``succeeded``."""
+    ``succeeded`` (every row of it: a fan-out has several at one position)."""
     current = list(rows)
-    done = {row.position for row in current if row.status == succeeded}
+    done = {row.position for row in current if row.status == succeeded} - {
+        row.position for row in current if row.status != succeeded
+    }
     return [
         row
         for row in current

@@ -207,12 +207,14 @@ class StepQuerySet(models.QuerySet["Step"]):
         return self.current().filter(**where).order_by("-revision").first()
 
 
-def step_key(task_key: str, position: int, kind: str, revision: int = 0) -> str:
-    """A step's idempotency key (DESIGN rule 5): ``<task key>:<position>:<kind>``, and
-    ``:r<n>`` on the rows of revision ``n``. Kept across retries and redrives. The bulk
-    insert's SQL (``sql.INSERT_SQL``) restates it for revision 0."""
+def step_key(task_key: str, position: int, kind: str, revision: int = 0, item: int = 0) -> str:
+    """A step's idempotency key (DESIGN rule 5): ``<task key>:<position>:<kind>``, then
+    ``:r<n>`` on the rows of revision ``n`` and ``:i<n>`` on item ``n`` of a fan-out (its
+    item 0 keeps the key the enqueue gave it). Kept across retries and redrives. The bulk
+    insert's SQL (``sql.INSERT_SQL``) restates it for revision 0, item 0."""
     key = f"{task_key}:{position}:{kind}"
-    return f"{key}:r{revision}" if revision else key
+    key = f"{key}:r{revision}" if revision else key
+    return f"{key}:i{item}" if item else key
 
 
 class Step(models.Model):
@@ -261,14 +263,18 @@ class Step(models.Model):
     # The positions this step waits for, as its task's graph was when it was enqueued
     # (tasks_app.models.graphs); None in a line, where it waits for the position before.
     after = models.JSONField(null=True, blank=True)
+    # Which of a fan-out's rows this is (tasks_app.engine.fan_outs): the enqueue makes
+    # item 0 of every step, and a fan-out adds items 1.. at the same position.
+    item = models.PositiveSmallIntegerField(default=0, db_default=0)
 
     objects: ClassVar[StepQuerySet] = StepQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
-        ordering = ["task_id", "revision", "position"]
+        ordering = ["task_id", "revision", "position", "item"]
         constraints = [
             models.UniqueConstraint(
-                fields=["task", "position", "revision"], name="step_task_position_revision"
+                fields=["task", "position", "revision", "item"],
+                name="step_task_position_revision_item",
             ),
             models.CheckConstraint(
                 condition=Q(status__in=StepStatus.values), name="step_status_valid"

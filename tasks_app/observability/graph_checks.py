@@ -43,15 +43,23 @@ class StepRow:
 
 def order_findings(task_id: int, rows: Sequence[StepRow]) -> list[Finding]:
     """The ``order`` check of one task's current step rows."""
-    by_position = {row.position: row for row in rows if row.status != StepStatus.SUPERSEDED}
+    current = [row for row in rows if row.status != StepStatus.SUPERSEDED]
+    by_position: dict[int, list[StepRow]] = {}
+    for row in current:
+        by_position.setdefault(row.position, []).append(row)
     findings = []
-    for row in by_position.values():
+    for row in current:
         if row.status not in STARTED:
             continue
         for position in graphs.waits_for(row):
-            before = by_position.get(position)
-            if before is None or before.status != StepStatus.SUCCEEDED:
-                shown = "no current row" if before is None else f"step {before.pk} {before.status}"
+            found = by_position.get(position, [])
+            unfinished = [other for other in found if other.status != StepStatus.SUCCEEDED]
+            if not found or unfinished:
+                shown = (
+                    f"step {unfinished[0].pk} {unfinished[0].status}"
+                    if unfinished
+                    else "no current row"
+                )
                 findings.append(
                     Finding(
                         "order",
@@ -60,18 +68,18 @@ def order_findings(task_id: int, rows: Sequence[StepRow]) -> list[Finding]:
                         f"position {position} has not succeeded ({shown})",
                     )
                 )
-            elif (
-                row.started_at is not None
-                and before.finished_at is not None
-                and before.finished_at > row.started_at
-            ):
+                continue
+            ended = [(other.finished_at, other) for other in found if other.finished_at]
+            last = max(ended, key=lambda pair: pair[0], default=None)
+            if last is not None and row.started_at is not None and last[0] > row.started_at:
+                before = last[1]
                 findings.append(
                     Finding(
                         "order",
                         task_id,
                         f"step {row.pk} started at {row.started_at.isoformat()}, before the "
                         f"step it waits for (step {before.pk}) finished at "
-                        f"{before.finished_at.isoformat()}",
+                        f"{last[0].isoformat()}",
                     )
                 )
     return findings

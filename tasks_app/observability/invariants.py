@@ -169,16 +169,16 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
     first_positions: dict[int, list[int]] = {pk: [] for pk in statuses}
     placed: dict[int, list[StepRow]] = {pk: [] for pk in statuses}
     for (
-        pk, task_id, position, revision, status, attempts, token, result, change, after,
-        started_at, finished_at,
+        pk, task_id, position, revision, item, status, attempts, token, result, change,
+        after, started_at, finished_at,
     ) in Step.objects.filter(task_id__in=ids).values_list(
-        "pk", "task_id", "position", "revision", "status", "attempts", "fencing_token",
-        "result", "change_request", "after", "started_at", "finished_at",
+        "pk", "task_id", "position", "revision", "item", "status", "attempts",
+        "fencing_token", "result", "change_request", "after", "started_at", "finished_at",
     ):  # fmt: skip
         if task_id in steps:
             steps[task_id][pk] = StepState(status, attempts, token)
             placed[task_id].append(StepRow(pk, position, status, after, started_at, finished_at))
-            if revision == 0:
+            if revision == 0 and item == 0:  # (a fan-out's later items came later)
                 first_positions[task_id].append(position)
             findings += _undecodable(task_id, pk, {"result": result, "change_request": change})
     # Tasks pruned since the ids were read are left out.

@@ -16,12 +16,15 @@ from django.db import transaction
 from tasks_app import validation
 from tasks_app.access import Actor, actor_fields, check_permission
 from tasks_app.db.clock import db_now
+from tasks_app.engine import fan_outs
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.states import (
+    Following,
     after_success,
     cancel_steps,
     make_due,
     settle_and_record,
+    start,
     succeed,
 )
 from tasks_app.engine.transitions import is_approval, lock_task
@@ -106,8 +109,15 @@ def redrive(
         locked = lock_task(task.pk)
         dead = _dead_steps(locked, Action.REDRIVE if wait is None else Action.REDRIVE_LATER)
         now = db_now()
+        following = Following()
         for step in dead:
-            _run_again(step, now, wait)
+            if fan_outs.refused_at_start(step):
+                # A fan-out that never started: its items are asked for again.
+                start(locked, step, now, following)
+                if following.refused:
+                    raise InvalidTransition(f"the fan-out is still refused: {step.last_error}")
+            else:
+                _run_again(step, now, wait)
         data: dict[str, Any] = _plan_data(plan)
         if wait is not None:
             data["delay_seconds"] = int(wait.total_seconds())
@@ -118,15 +128,18 @@ def redrive(
             data.update(old_payload=old, new_payload=json.loads(canonical))
             locked.payload = data["new_payload"]
             locked.save(update_fields=["payload", "updated_at"])
+        if following.fanned_out:
+            data["fanned_out"] = following.fanned_out
         settle_and_record(
             EventKind.REDRIVEN,
             locked,
             actor=actor,
             reason=reason,
-            steps=dead,
+            steps=[*dead, *following.changed],
             **data,
         )
-        _ring_or_open(locked, dead, actor=actor, delay=wait)
+        ringing = {step.pk: step for step in [*dead, *following.due]}
+        _ring_or_open(locked, list(ringing.values()), actor=actor, delay=wait)
     return locked
 
 
@@ -152,14 +165,14 @@ def resolve(
                 finished_at=now,
             )
             succeed(step, {"resolved": "done", "by": name, "note": reason}, now)
-            due, reached = after_success(locked, step, now)
-            changed += due
+            following = after_success(locked, step, now)
+            changed += following.changed
         else:
             # "It did not happen": forget the unfinished effects so the next attempt calls.
             started.delete()
             _run_again(step, now)
-            due, reached = [step], []
-        settle_and_record(
+            following = Following(due=[step])
+        status = settle_and_record(
             EventKind.RESOLVED,
             locked,
             step_id=step.pk,
@@ -169,7 +182,8 @@ def resolve(
             outcome=outcome,
             **_plan_data(plan),
         )
-        _ring_or_open(locked, [*due, *reached], actor=actor)
+        fan_outs.letter_refused(locked, following.refused, status, actor)
+        _ring_or_open(locked, [*following.due, *following.approvals], actor=actor)
     return locked
 
 
