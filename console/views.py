@@ -33,7 +33,7 @@ from django_htmx.middleware import HtmxDetails
 from approvals import selectors as approval_selectors
 from approvals.services import DECIDE_PERMISSION
 from console import action_forms as action_forms_module
-from console import charts, errors, forms
+from console import charts, errors, forms, graph_drawing
 from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.engine import presence
@@ -220,6 +220,8 @@ def _task_page(
         # The offered actions' forms, each with its bound form: the template loops over them.
         "page_forms": [(made, bound[f"{made.key}_form"]) for made in offered],
         "lanes": lanes,
+        # A graph task's steps drawn as boxes and arrows; None for a line.
+        "graph": graph_drawing.draw(row.step for row in detail.steps),
         # "Why isn't this running?": what holds the task back ([] once it has ended).
         "why": why.why(task),
         "error": error,

@@ -40,7 +40,7 @@ def bump_counter(name: str, by: int = 1) -> None:
 
 
 def current_steps(task: Task) -> list[Step]:
-    return list(Step.objects.filter(task=task).current().order_by("position", "revision"))
+    return list(Step.objects.filter(task=task).current().order_by("position", "revision", "item"))
 
 
 def lock_task(task_id: int) -> Task:

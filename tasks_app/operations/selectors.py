@@ -373,7 +373,7 @@ def dead_step_ledger(task_ids: Collection[int]) -> LedgerSummary:
 
 
 def task_detail(task: Task) -> TaskDetail:
-    steps = list(task.steps.order_by("position", "revision"))
+    steps = list(task.steps.order_by("position", "revision", "item"))
     leases = leases_of(steps)
     effects = ledger(steps)
     rows = []

@@ -101,7 +101,7 @@ class Command(OperatorCommand):
             task = Task.objects.filter(pk=options["id"]).first()
             if task is None:
                 raise bad_input(f"id: no task with id {options['id']}")
-        steps = [_step(step) for step in task.steps.order_by("position", "revision")]
+        steps = [_step(step) for step in task.steps.order_by("position", "revision", "item")]
         events = [_event(event) for event in timeline.history(task.pk)[-count:]] if count else []
         if options["json"]:
             self.stdout.write(
