@@ -76,6 +76,7 @@ from tasks_app.operations.operator_actions import (
     resume_queue,
     run_action,
 )
+from tasks_app.operations.rewinds import RewindPlan, plan_rewind, rewind
 
 __all__ = [
     "BULK_ACTIONS",
@@ -87,6 +88,7 @@ __all__ = [
     "EnqueueResult",
     "HeartbeatResult",
     "PreparedItem",
+    "RewindPlan",
     "SweepReport",
     "act_on_tasks",
     "actor_fields",
@@ -115,6 +117,7 @@ __all__ = [
     "pause_key",
     "pause_queue",
     "paused_queues",
+    "plan_rewind",
     "preview_change",
     "reap_expired_leases",
     "record_event",
@@ -129,6 +132,7 @@ __all__ = [
     "resume_key",
     "resume_queue",
     "revise",
+    "rewind",
     "run_action",
     "step_context",
     "step_inputs",

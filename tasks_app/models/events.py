@@ -46,6 +46,9 @@ class EventKind(models.TextChoices):
     LIMIT_CHANGED = "limit_changed", "Limit changed"
     LIMIT_KEY_PAUSED = "limit_key_paused", "Limit key paused"
     LIMIT_KEY_RESUMED = "limit_key_resumed", "Limit key resumed"
+    # A finished, dead or cancelled task run again from one of its steps
+    # (tasks_app.operations.rewinds).
+    REWOUND = "rewound", "Rewound"
 
 
 # Operator actions: kept for the longer audit retention.
@@ -65,6 +68,7 @@ OPERATOR_EVENT_KINDS = frozenset(
         EventKind.LIMIT_CHANGED,
         EventKind.LIMIT_KEY_PAUSED,
         EventKind.LIMIT_KEY_RESUMED,
+        EventKind.REWOUND,
     }
 )
 

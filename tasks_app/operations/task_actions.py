@@ -23,6 +23,9 @@ Which states allow each (:func:`refusal`, the one rule the services enforce):
   happen: forget the started call and call again). A step that failed with a known
   outcome is redriven instead.
 - ``cancel``: a task not yet succeeded or cancelled, and not already being cancelled.
+- a rewind (``tasks_app.operations.rewinds``, from a chosen step, previewed as a plan):
+  a task that succeeded, died or was cancelled, with no step still running
+  (:func:`rewind_refusal`).
 
 So a dead step with a known outcome offers Redrive, Retry after a delay and Mark done; one
 with an unknown outcome offers Mark done and Run again. The first dead step (by position)
@@ -293,6 +296,29 @@ def refusal(action: str, task: Task, dead_step: Step | None) -> str | None:
             f"({dead_step.error_class or 'no error class'}): redrive it; running again "
             "without its started calls is for a step whose outcome is unknown"
         )
+    return None
+
+
+# The statuses of a task a rewind may start again from one of its steps.
+REWINDABLE = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
+
+
+def rewind_refusal(
+    task: Task, step: Step | None, step_id: int | None, *, running: bool
+) -> str | None:
+    """Why ``task`` may not be rewound from its current step ``step`` (``step_id``, None
+    when it has no such step) now, or None when it may: a task that finished, died or was
+    cancelled, with no step still running (a branch that runs on in a dead task ends
+    first)."""
+    if task.status not in REWINDABLE:
+        return (
+            f"task #{task.pk} is {str(task.status).replace('_', ' ')}: a rewind starts again a "
+            "task that succeeded, died or was cancelled (cancel it first)"
+        )
+    if running:
+        return f"a step of task #{task.pk} is still running: rewind once it has ended"
+    if step is None:
+        return f"task #{task.pk} has no current step {step_id} to rewind from"
     return None
 
 

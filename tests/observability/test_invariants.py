@@ -171,6 +171,13 @@ def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[
     resolved_retry = dead_task({"error": "outcome_unknown", "fail_first": 1})
     services.resolve(resolved_retry, actor="cli:ann", reason="it did not", outcome="retry")
     advance(resolved_retry)
+    rewound = succeeded()
+    plan = services.plan_rewind(rewound, only_step(rewound).pk)
+    services.rewind(
+        rewound, step_id=plan.step_id, actor="cli:ann", reason="again", fingerprint=plan.fingerprint
+    )
+    advance(rewound)
+    assert rewound.status == TaskStatus.SUCCEEDED
     more = [*cancelled_while_running(), *leases_lost(), *decided(), *editors_at_work()]
     every = timeline.histories(Task.objects.values_list("pk", flat=True)).values()
     kinds = {entry.kind for entries in every for entry in entries}
@@ -184,7 +191,7 @@ def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[
     }
     return [
         *together, done, dead, redriven, resolved, cancelled, retrying, claimed, waiting,
-        revised, published, redriven_twice, resolved_retry, *more,
+        revised, published, redriven_twice, resolved_retry, rewound, *more,
     ]  # fmt: skip
 
 
