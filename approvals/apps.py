@@ -13,7 +13,15 @@ class ApprovalsConfig(AppConfig):
     def ready(self) -> None:
         # The approvals app builds on the core and plugs into it (sweep jobs, metrics); the
         # core's modules never import it (the demo's seed command asks for its scenario by name).
-        from approvals import deadlines, demo, metrics, notices, services, workflows  # noqa: F401  (the workflows register on import)
+        from approvals import (  # noqa: F401  (the workflows register on import)
+            deadlines,
+            demo,
+            metrics,
+            notices,
+            release_notes,
+            services,
+            workflows,
+        )
         from tasks_app import services as core
         from tasks_app.demo import seeding
         from tasks_app.observability import metrics as core_metrics

@@ -210,16 +210,17 @@ def handler_of(request: ApprovalRequest) -> ApprovalHandler | None:
 
 
 def check_workflow(workflow: Workflow) -> Workflow:
-    """Refuse a workflow whose approval steps name steps that do not come before them."""
+    """Refuse a workflow whose approval steps name steps they do not wait for (in a line,
+    the steps before them; in a graph, a parallel branch's step is not one)."""
     for position, spec in enumerate(workflow.steps):
         if not isinstance(spec.handler, ApprovalHandler):
             continue
-        earlier = {s.kind for s in workflow.steps[:position]}
+        earlier = {workflow.steps[p].kind for p in workflow.graph.ancestors(position)}
         for option in ("draft_from", "send_back_to"):
             named = getattr(spec.handler, option)
             if named not in earlier:
                 raise ValueError(
                     f"workflow {workflow.name}: {spec.kind}.{option} names {named!r}, "
-                    "which is not an earlier step"
+                    "which is not an earlier step it waits for"
                 )
     return workflow

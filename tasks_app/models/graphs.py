@@ -49,6 +49,17 @@ class Graph:
             for position, deps in enumerate(self.after)
         )
 
+    def ancestors(self, position: int) -> set[int]:
+        """The positions the step at ``position`` waits for, directly or not."""
+        found: set[int] = set()
+        todo = list(self.after[position])
+        while todo:
+            at = todo.pop()
+            if at not in found:
+                found.add(at)
+                todo += self.after[at]
+        return found
+
     def roots(self) -> tuple[int, ...]:
         """The steps that start when the task does."""
         return tuple(position for position, deps in enumerate(self.after) if not deps)

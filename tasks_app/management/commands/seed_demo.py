@@ -95,6 +95,17 @@ DEMO_TASKS: list[dict[str, Any]] = [
         },
         "idempotency_key": "demo:reply:T-1001",
     },
+    # A graph: the worker translates into three languages while the post waits for an
+    # editor; publishing joins them.
+    {
+        "workflow": "release_notes",
+        "payload": {
+            "version": "2.1",
+            "changes": ["Workflows as graphs, with fan-outs", "Rewind from any step"],
+            "languages": ["de", "fr", "ja"],
+        },
+        "idempotency_key": "demo:release-notes:2.1",
+    },
     *SUMMARIES,
 ]
 
