@@ -109,12 +109,15 @@ def _set(value: object) -> bool:
 def snapshot(task: Task) -> dict[str, Any]:
     """The task's rows and events, comparable with another task's."""
     task.refresh_from_db()
-    steps = list(task.steps.order_by("position", "revision"))
+    steps = list(task.steps.order_by("position", "revision", "item"))
     # By the database's clock (rule 3).
     due = set(task.steps.filter(available_at__lte=Now()).values_list("pk", flat=True))
     # A JSON ``null`` and SQL ``NULL`` both read as None; queries tell them apart.
     null_results = set(task.steps.filter(result__isnull=True).values_list("pk", flat=True))
-    place = {step.pk: f"{step.position}.{step.revision}" for step in steps}
+    place = {
+        step.pk: f"{step.position}.{step.revision}" + (f"#{step.item}" if step.item else "")
+        for step in steps
+    }
     requests = list(ApprovalRequest.objects.filter(task=task).order_by("pk"))
     request_place = {request.pk: f"request of {place[request.step_id]}" for request in requests}
 
@@ -164,6 +167,8 @@ def snapshot(task: Task) -> dict[str, Any]:
                 "last_error": step.last_error,
                 "idempotency_key": step_key(step.idempotency_key),
                 "change_request": step.change_request,
+                "after": step.after,
+                "item": step.item,
                 "queue": step.queue,
                 "available_at": None
                 if step.available_at is None

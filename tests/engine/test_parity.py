@@ -128,6 +128,30 @@ def slow_retry() -> Iterator[str]:
     registry.unregister(RETRY, 1)
 
 
+def _noop(ctx: Any) -> dict[str, Any]:
+    return {}
+
+
+# Two roots, a fan-out after the first, a join of the second and the fan-out.
+GRAPH = Workflow(
+    "test.parity.graph",
+    1,
+    steps=(
+        StepSpec("left", _noop, after=()),
+        StepSpec("right", _noop, after=()),
+        StepSpec("each", _noop, after=("left",), fan_out=lambda results: [1, 2]),
+        StepSpec("join", _noop, after=("right", "each")),
+    ),
+)
+
+
+@pytest.fixture(autouse=True)
+def _graph() -> Iterator[None]:
+    register(GRAPH)
+    yield
+    registry.unregister(GRAPH.name, GRAPH.version)
+
+
 # --- the scenarios --------------------------------------------------------------------------
 
 
@@ -263,6 +287,31 @@ def test_a_permanent_error_dead_letters_alike(slow_retry: str) -> None:
     assert one["steps"][0]["error_class"] == "tasks_app.exceptions.PermanentError"
     assert (one["steps"][0]["status"], one["steps"][0]["attempts"]) == (StepStatus.DEAD, 1)
     assert one["task"]["status"] == TaskStatus.DEAD
+    assert_same(one, batched)
+
+
+@pytest.mark.django_db
+def test_a_graph_runs_its_branches_fan_out_and_join_alike() -> None:
+    """The claims differ (the SQL's batch, the ORM's one by one); a graph's successes are
+    recorded one by one on both (``transitions.completes_alone``)."""
+
+    def scenario(path: Path) -> Task:
+        task = enqueue(GRAPH.name, {})
+        for kind in ("left", "right", "each", "each", "join"):
+            step = task.steps.filter(kind=kind, status=StepStatus.PENDING).order_by("item")[0]
+            path.run(step)
+        return task
+
+    one, batched = both(scenario)
+
+    assert statuses(one) == {
+        "0.0": StepStatus.SUCCEEDED,
+        "1.0": StepStatus.SUCCEEDED,
+        "2.0": StepStatus.SUCCEEDED,
+        "2.0#1": StepStatus.SUCCEEDED,
+        "3.0": StepStatus.SUCCEEDED,
+    }
+    assert one["task"]["status"] == TaskStatus.SUCCEEDED
     assert_same(one, batched)
 
 
@@ -452,9 +501,9 @@ def test_a_completion_delivered_twice_in_one_batch_is_refused_the_second_time_al
 def test_an_enqueue_writes_the_same_rows_through_the_statement_and_the_orm(
     pair: str, settings: Any
 ) -> None:
-    """Keyed and keyless items, one and two steps, due now and later: the statement inserts
-    the keyed ones with ON CONFLICT and the keyless ones without, and both must leave what
-    the ORM leaves."""
+    """Keyed and keyless items, one and two steps, a graph (two roots, a fan-out, a join),
+    due now and later: the statement inserts the keyed ones with ON CONFLICT and the keyless
+    ones without, and both must leave what the ORM leaves."""
 
     later = datetime(2099, 1, 1, tzinfo=UTC)
 
@@ -463,6 +512,7 @@ def test_an_enqueue_writes_the_same_rows_through_the_statement_and_the_orm(
             {"workflow": "demo.noop", "payload": {"n": 1}, "idempotency_key": f"k-{tag}"},
             {"workflow": "demo.noop", "payload": {"n": 2}, "priority": 5},
             {"workflow": pair, "payload": {"n": 3}, "run_after": later},
+            {"workflow": GRAPH.name, "payload": {"n": 4}, "idempotency_key": f"g-{tag}"},
         ]
 
     def enqueued(tag: str) -> list[dict[str, Any]]:
@@ -480,6 +530,13 @@ def test_an_enqueue_writes_the_same_rows_through_the_statement_and_the_orm(
     settings.TASKS_SQL_FAST_PATH = False
     by_orm = enqueued("orm")
 
-    assert [task["keyed"] for task in by_statement] == [True, False, False]
+    assert [task["keyed"] for task in by_statement] == [True, False, False, True]
+    graph = by_statement[3]["steps"]
+    assert [(s["kind"], s["status"], s["after"]) for s in graph] == [
+        ("left", "pending", []),
+        ("right", "pending", []),
+        ("each", "blocked", [0]),
+        ("join", "blocked", [1, 2]),
+    ]
     for statement, orm in zip(by_statement, by_orm, strict=True):
         assert_same(orm, statement)
