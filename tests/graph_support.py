@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from approvals.steps import approval_step, check_workflow
 from tasks_app import services
 from tasks_app.engine import runner
 from tasks_app.exceptions import PermanentError
@@ -124,4 +126,31 @@ def translations(name: str, remote: Remote, *, max_items: int = 5) -> Workflow:
             ),
             StepSpec("publish", remote.branch("publish"), after=("translate",)),
         ),
+    )
+
+
+def reviewed_translations(name: str, remote: Remote) -> Workflow:
+    """``start`` -> ``draft_en`` and ``draft_fr`` in parallel; an editor reviews the French
+    draft (``review_fr``); ``publish`` joins the English draft and the review."""
+    return check_workflow(
+        Workflow(
+            name,
+            1,
+            steps=(
+                StepSpec("start", remote.branch("start")),
+                StepSpec("draft_en", remote.branch("draft_en"), after=("start",)),
+                StepSpec("draft_fr", remote.branch("draft_fr"), after=("start",)),
+                approval_step(
+                    "review_fr",
+                    draft_from="draft_fr",
+                    action="publish",
+                    summary="Publish the French draft",
+                    group="editors",
+                    expires_after=timedelta(hours=4),
+                    on_expiry="cancel",
+                    after=("draft_fr",),
+                ),
+                StepSpec("publish", remote.branch("publish"), after=("draft_en", "review_fr")),
+            ),
+        )
     )

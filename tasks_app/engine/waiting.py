@@ -253,19 +253,26 @@ def _next_revision(
     now = db_now()
     supersede(replaced, now)
     fresh = [
-        new_step(
-            task=task,
-            position=old.position,
-            revision=revision,
-            kind=old.kind,
-            queue=task.queue,
-            priority=task.priority,
-            max_attempts=old.max_attempts,
-            idempotency_key=step_key(task.key, old.position, old.kind, revision),
-            limits=old.limits,
-            limit_turn=old.limit_turn,
-            after=old.after,
-        )
+        row_again(task, old, revision, step_key(task.key, old.position, old.kind, revision))
         for old in (current[p] for p in sorted(positions))
     ]
     return replaced, fresh, revision, now
+
+
+def row_again(task: Task, old: Step, revision: int, key: str) -> Step:
+    """The row of revision ``revision`` (unsaved, ``blocked``) that runs ``old``'s step
+    again under the step key ``key``: a revision's (a new draft is a new write) or, for a
+    rewind, ``old``'s own (what it wrote stands)."""
+    return new_step(
+        task=task,
+        position=old.position,
+        revision=revision,
+        kind=old.kind,
+        queue=task.queue,
+        priority=task.priority,
+        max_attempts=old.max_attempts,
+        idempotency_key=key,
+        limits=old.limits,
+        limit_turn=old.limit_turn,
+        after=old.after,
+    )

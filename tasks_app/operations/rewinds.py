@@ -33,9 +33,9 @@ from tasks_app import validation
 from tasks_app.access import Actor, actor_fields, check_permission
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.states import Following, new_step, settle_and_record, start, supersede
+from tasks_app.engine.states import Following, settle_and_record, start, supersede
 from tasks_app.engine.transitions import lock_task
-from tasks_app.engine.waiting import open_approval_step
+from tasks_app.engine.waiting import open_approval_step, row_again
 from tasks_app.engine.workflows import registry
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.models import Effect, EventKind, Step, StepStatus, Task, graphs
@@ -130,7 +130,9 @@ def rewind(
         ]
         supersede(old, now)
         revision = max(locked.steps.values_list("revision", flat=True)) + 1
-        fresh = [_again(locked, row, revision) for row in old if row.item == 0]
+        fresh = [
+            row_again(locked, row, revision, row.idempotency_key) for row in old if row.item == 0
+        ]
         Step.objects.bulk_create(fresh)
         if new_payload is not None:
             locked.payload = new_payload
@@ -258,20 +260,3 @@ def _settle_writes(
     )
     forgotten = [key for key, decision in decided.items() if decision == NOT_HAPPENED]
     Effect.objects.filter(key__in=forgotten, status=Effect.Status.STARTED).delete()
-
-
-def _again(task: Task, old: Step, revision: int) -> Step:
-    """The row of revision ``revision`` that runs ``old``'s step again, under its key."""
-    return new_step(
-        task=task,
-        position=old.position,
-        revision=revision,
-        kind=old.kind,
-        queue=task.queue,
-        priority=task.priority,
-        max_attempts=old.max_attempts,
-        idempotency_key=old.idempotency_key,
-        limits=old.limits,
-        limit_turn=old.limit_turn,
-        after=old.after,
-    )

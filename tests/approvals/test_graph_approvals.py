@@ -4,51 +4,30 @@ decision lets the join go on; a request for changes sends back that branch alone
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
-from approvals.steps import approval_step, check_workflow
 from tasks_app.models import Step, StepStatus, TaskStatus
 from tasks_app.observability.invariants import check
-from tasks_app.workflows import StepSpec, Workflow
-from tests.graph_support import Remote, enqueue, registered, run, statuses, step_of
-
-
-def _translations(remote: Remote) -> Workflow:
-    """``start`` -> ``draft_en`` and ``draft_fr`` in parallel; ``draft_fr`` goes to an editor
-    (``review_fr``); ``publish`` joins ``draft_en`` and the review."""
-    return check_workflow(
-        Workflow(
-            "test.graph.translations",
-            1,
-            steps=(
-                StepSpec("start", remote.branch("start")),
-                StepSpec("draft_en", remote.branch("draft_en"), after=("start",)),
-                StepSpec("draft_fr", remote.branch("draft_fr"), after=("start",)),
-                approval_step(
-                    "review_fr",
-                    draft_from="draft_fr",
-                    action="publish",
-                    summary="Publish the French draft",
-                    group="editors",
-                    expires_after=timedelta(hours=4),
-                    on_expiry="cancel",
-                    after=("draft_fr",),
-                ),
-                StepSpec("publish", remote.branch("publish"), after=("draft_en", "review_fr")),
-            ),
-        )
-    )
+from tasks_app.workflows import Workflow
+from tests.graph_support import (
+    Remote,
+    enqueue,
+    registered,
+    reviewed_translations,
+    run,
+    statuses,
+    step_of,
+)
 
 
 @pytest.fixture
 def remote(db: None) -> Iterator[Remote]:
     made = Remote()
-    with registered(_translations(made)):
+    with registered(reviewed_translations("test.graph.translations", made)):
         yield made
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from html.parser import HTMLParser
 from typing import Any
 
@@ -17,14 +16,21 @@ from django.contrib.auth.models import User
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
-from approvals.steps import approval_step, check_workflow
 from console.graph_drawing import draw, layout
 from tasks_app.engine import leases
 from tasks_app.models import Step, StepStatus, Task
 from tasks_app.workflows import StepSpec, Workflow
 from tests.console_support import body, login
 from tests.factories import noop
-from tests.graph_support import Remote, diamond, enqueue, registered, run, step_of
+from tests.graph_support import (
+    Remote,
+    diamond,
+    enqueue,
+    registered,
+    reviewed_translations,
+    run,
+    step_of,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -223,35 +229,8 @@ def test_a_kind_is_shown_as_text(oncall: User) -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;: blocked" in page
 
 
-def _translations(remote: Remote) -> Workflow:
-    """``start`` -> ``draft_en`` and ``draft_fr``; an editor reviews the French draft;
-    ``publish`` joins the English draft and the review."""
-    return check_workflow(
-        Workflow(
-            "test.graph.page_translations",
-            1,
-            steps=(
-                StepSpec("start", remote.branch("start")),
-                StepSpec("draft_en", remote.branch("draft_en"), after=("start",)),
-                StepSpec("draft_fr", remote.branch("draft_fr"), after=("start",)),
-                approval_step(
-                    "review_fr",
-                    draft_from="draft_fr",
-                    action="publish",
-                    summary="Publish the French draft",
-                    group="editors",
-                    expires_after=timedelta(hours=4),
-                    on_expiry="cancel",
-                    after=("draft_fr",),
-                ),
-                StepSpec("publish", remote.branch("publish"), after=("draft_en", "review_fr")),
-            ),
-        )
-    )
-
-
 def test_superseded_rows_are_not_drawn(oncall: User, editor: User) -> None:
-    flow = _translations(Remote())
+    flow = reviewed_translations("test.graph.page_translations", Remote())
     with registered(flow):
         task = enqueue(flow)
         for kind in ("start", "draft_en", "draft_fr"):
