@@ -4,6 +4,8 @@ remote (a fake on loopback)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -24,9 +26,10 @@ def test_translations_and_the_review_run_side_by_side_then_publish_joins_them_on
     publishing, _ = remotes
     task = advance(services.enqueue("release_notes", RELEASE, actor="cli:test").task)
     kinds = list(
-        Step.objects.current().filter(task=task).order_by("position", "item").values_list(
-            "kind", "status"
-        )
+        Step.objects.current()
+        .filter(task=task)
+        .order_by("position", "item")
+        .values_list("kind", "status")
     )
     assert kinds == [
         ("collect", "succeeded"),
@@ -60,7 +63,9 @@ def test_translations_and_the_review_run_side_by_side_then_publish_joins_them_on
         ({**RELEASE, "extra": 1}, "payload.extra"),
     ],
 )
-def test_a_bad_release_is_refused_naming_the_field(db: None, payload: dict, field: str) -> None:
+def test_a_bad_release_is_refused_naming_the_field(
+    db: None, payload: dict[str, Any], field: str
+) -> None:
     with pytest.raises(InvalidPayload) as refused:
         services.enqueue("release_notes", payload)
     assert field in str(refused.value)
