@@ -1,5 +1,6 @@
-"""The invariant checker's check of a task's steps against its graph (``order``): no step
-was made due, ran or ended before every step it waits for had succeeded.
+"""The invariant checker's checks of a task's steps against its graph (``order``): no step
+was made due, ran or ended before every step it waits for had succeeded; and of its
+external writes against its step keys (``effect_key``): no write can be made twice.
 
 A step that left ``blocked`` (due, running, waiting for a person, succeeded or dead) stands
 on the steps it waits for (``tasks_app.models.graphs.waits_for``, read from its row as its
@@ -7,6 +8,11 @@ task was enqueued): each of their current rows has succeeded, and finished no la
 the step's last attempt started. In a line that is the step before; in a graph, each of
 its branches, so a join that ran before one of its branches finished is found here.
 Superseded rows are history and are not checked; cancelled ones never ran.
+
+The ledger applies each effect key once (its key is unique), so a write is made twice only
+under two keys: one outside the key of the step that made it (``<step key>:<name>``), or
+a step key two current rows hold (a rewind's rows keep their key, and supersede the rows
+they replace; a fan-out's items each have their own). Either is an ``effect_key`` finding.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class StepRow:
     after: Any
     started_at: datetime | None
     finished_at: datetime | None
+    key: str = ""
 
 
 def order_findings(task_id: int, rows: Sequence[StepRow]) -> list[Finding]:
@@ -82,4 +89,37 @@ def order_findings(task_id: int, rows: Sequence[StepRow]) -> list[Finding]:
                         f"{last[0].isoformat()}",
                     )
                 )
+    return findings
+
+
+def effect_key_findings(
+    task_id: int, rows: Sequence[StepRow], effects: Sequence[tuple[str, int]]
+) -> list[Finding]:
+    """The ``effect_key`` check of one task's step rows and its effects ``(key, step id)``."""
+    findings = []
+    keys = {row.pk: row.key for row in rows}
+    for key, step_id in effects:
+        if not key.startswith(f"{keys.get(step_id)}:"):
+            findings.append(
+                Finding(
+                    "effect_key",
+                    task_id,
+                    f"effect {key} of step {step_id} is not under its step key "
+                    f"{keys.get(step_id)!r}: a rerun would make the write again",
+                )
+            )
+    holders: dict[str, list[int]] = {}
+    for row in rows:
+        if row.status != StepStatus.SUPERSEDED:
+            holders.setdefault(row.key, []).append(row.pk)
+    findings += [
+        Finding(
+            "effect_key",
+            task_id,
+            f"steps {', '.join(map(str, pks))} both stand with the step key {key!r}: each "
+            "would make its writes",
+        )
+        for key, pks in holders.items()
+        if len(pks) > 1
+    ]
     return findings

@@ -25,6 +25,8 @@ Each check names something that never holds in a healthy system, however busy:
 - ``order``: a step made due, run or ended before every step it waits for had succeeded
   (:mod:`tasks_app.observability.graph_checks`: the step before it in a line, each of its
   branches in a graph);
+- ``effect_key``: an external write that could be made twice: one outside its step's key,
+  or a step key two standing rows hold (the same module);
 - ``terminal``: an event ending a run (``task_status`` succeeded, cancelled or dead) that
   an earlier one already ended, with nothing in between making the task pending, running
   or waiting again (a dead task cancelled or resolved as done, and the ``cancelled`` or
@@ -61,7 +63,7 @@ from tasks_app.models import (
     Task,
 )
 from tasks_app.models.json_columns import is_undecodable
-from tasks_app.observability.graph_checks import StepRow, order_findings
+from tasks_app.observability.graph_checks import StepRow, effect_key_findings, order_findings
 from tasks_app.observability.history_checks import (
     EventRow,
     first_steps_findings,
@@ -170,17 +172,25 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
     placed: dict[int, list[StepRow]] = {pk: [] for pk in statuses}
     for (
         pk, task_id, position, revision, item, status, attempts, token, result, change,
-        after, started_at, finished_at,
+        after, started_at, finished_at, key,
     ) in Step.objects.filter(task_id__in=ids).values_list(
         "pk", "task_id", "position", "revision", "item", "status", "attempts",
         "fencing_token", "result", "change_request", "after", "started_at", "finished_at",
+        "idempotency_key",
     ):  # fmt: skip
         if task_id in steps:
             steps[task_id][pk] = StepState(status, attempts, token)
-            placed[task_id].append(StepRow(pk, position, status, after, started_at, finished_at))
+            placed[task_id].append(
+                StepRow(pk, position, status, after, started_at, finished_at, key)
+            )
             if revision == 0 and item == 0:  # (a fan-out's later items came later)
                 first_positions[task_id].append(position)
             findings += _undecodable(task_id, pk, {"result": result, "change_request": change})
+    effects: dict[int, list[tuple[str, int]]] = {}
+    for key, step_id, task_id in Effect.objects.filter(step__task_id__in=ids).values_list(
+        "key", "step_id", "step__task_id"
+    ):
+        effects.setdefault(task_id, []).append((key, step_id))
     # Tasks pruned since the ids were read are left out.
     events: dict[int, list[EventRow]] = {
         owner: [
@@ -198,6 +208,7 @@ def check_tasks(ids: Sequence[int], now: datetime) -> list[Finding]:
         findings += history_findings(task_id, steps[task_id], events[task_id])
         findings += first_steps_findings(task_id, first_positions[task_id])
         findings += order_findings(task_id, placed[task_id])
+        findings += effect_key_findings(task_id, placed[task_id], effects.get(task_id, []))
     decided_by_nobody = [
         pk
         for task_steps in steps.values()

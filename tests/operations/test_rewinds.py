@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 
 from tasks_app import services
 from tasks_app.exceptions import InvalidInput, InvalidTransition, NotPermitted
-from tasks_app.models import Event, EventKind, Step, StepStatus, Task, TaskStatus
+from tasks_app.models import Effect, Event, EventKind, Step, StepStatus, Task, TaskStatus
 from tasks_app.observability.invariants import check
 from tests.graph_support import Remote, diamond, enqueue, registered, run, statuses, step_of
 from tests.rewind_support import Mailer, newsletter, sent_task
@@ -224,3 +224,28 @@ def test_a_rewound_branch_reruns_with_what_waits_for_it_and_no_other_branch(db: 
         # Every write was applied before: each rerun found its key; none wrote again.
         assert sorted(remote.writes) == ["a", "b", "c", "finish", "join", "start"]
         _clean()
+
+
+# --- what the checker says of writes that could be made twice ------------------------------
+
+
+def test_the_checker_finds_a_write_that_a_rerun_would_make_again(mailer: Mailer) -> None:
+    task = sent_task(mailer)
+    plan = services.plan_rewind(task, step_of(task, "draft").pk)
+    services.rewind(
+        task, step_id=plan.step_id, actor="cli:oncall", reason="again",
+        fingerprint=plan.fingerprint,
+    )  # fmt: skip
+    _clean()  # the rewound rows keep their keys, and the rows they replace stand no more
+    mail, archive = step_of(task, "mail"), step_of(task, "archive")
+    # Behind the services' back: a rerun row given another's key, a write moved off its key.
+    Step.objects.filter(pk=archive.pk).update(idempotency_key=mail.idempotency_key)
+    Effect.objects.filter(step__task=task).update(key="elsewhere:mail")
+    found = sorted(f.detail for f in check(since=None).findings if f.check == "effect_key")
+    assert len(found) == 2, found
+    assert found[0].startswith("effect elsewhere:mail of step ")
+    assert "is not under its step key" in found[0]
+    assert found[1] == (
+        f"steps {mail.pk}, {archive.pk} both stand with the step key "
+        f"{mail.idempotency_key!r}: each would make its writes"
+    )
