@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console import dead_views, limit_views, record_views, review_views, views, workflow_views
+from console import (
+    as_of_views,
+    dead_views,
+    limit_views,
+    record_views,
+    review_views,
+    rewind_views,
+    views,
+    workflow_views,
+)
 from console.action_forms import FORMS_BY_URL
 
 app_name = "console"
@@ -15,11 +24,14 @@ urlpatterns = [
     path("tasks/", views.task_list, name="tasks"),
     path("tasks/go/", views.task_go, name="task_go"),
     path("tasks/<int:pk>/", views.task_detail, name="task"),
+    path("tasks/<int:pk>/as-of/", as_of_views.task_as_of, name="task_as_of"),
     # One POST per form of the operator actions' table: redrive, resolve, cancel, ...
     *(
         path(f"tasks/<int:pk>/{url}/", views.task_act, {"form": url}, name=f"task_{url}")
         for url in FORMS_BY_URL
     ),
+    path("tasks/<int:pk>/rewind/", rewind_views.rewind_preview, name="task_rewind"),
+    path("tasks/<int:pk>/rewind/confirm/", rewind_views.rewind_confirm, name="task_rewind_confirm"),
     path("dead/", dead_views.dead_letters, name="dead"),
     path("dead/groups/", dead_views.dead_groups, name="dead_groups"),
     path("dead/bulk/", dead_views.dead_bulk, name="dead_bulk"),

@@ -1,7 +1,8 @@
 """The console's shared view helpers, and its on-call pages: the overview, the task list
 and a task with its actions (the dead letters with their bulk actions are in
 ``dead_views``, the editors' pages in ``review_views``, the workflows' figures in
-``workflow_views``, the queues, the audit log and the demo's mail in ``record_views``).
+``workflow_views``, the queues, the audit log and the demo's mail in ``record_views``, a
+task's rewind in ``rewind_views``).
 
 Each view parses a form (a filter from the query string through :func:`reads_filter`),
 calls one selector or service, and answers with the page's partial for an htmx request, or
@@ -33,7 +34,7 @@ from django_htmx.middleware import HtmxDetails
 from approvals import selectors as approval_selectors
 from approvals.services import DECIDE_PERMISSION
 from console import action_forms as action_forms_module
-from console import charts, errors, forms, graph_drawing
+from console import charts, errors, forms, graph_drawing, rewind_forms
 from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.engine import presence
@@ -173,7 +174,7 @@ def task_list(request: ConsoleRequest, form: TaskFilterForm) -> HttpResponse:
 @view_tasks
 def task_detail(request: ConsoleRequest, pk: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=pk)
-    return _task_page(request, task)
+    return task_page(request, task)
 
 
 # The header's "go to task" box: ``123`` or ``#123``; a bigint has at most 19 digits.
@@ -195,14 +196,18 @@ def task_go(request: ConsoleRequest) -> HttpResponse:
     return redirect("console:task", pk=pk)
 
 
-def _task_page(
+def task_page(
     request: ConsoleRequest,
     task: Task,
     *,
     status: int = 200,
     error: str = "",
     action_forms: dict[str, Form] | None = None,
+    rewind: rewind_forms.RewindPanel | None = None,
 ) -> HttpResponse:
+    """The task's page: its facts, steps, history and the actions offered to the reader;
+    ``rewind`` is what its rewind section shows instead of the plain form (a preview, or a
+    refusal), from ``console.rewind_views``."""
     detail = selectors.task_detail(task)
     end = task.finished_at or detail.now
     lanes = charts.attempt_lanes(detail.steps, start=task.created_at, end=end)
@@ -226,9 +231,12 @@ def _task_page(
         "why": why.why(task),
         "error": error,
         **bound,
+        # The rewind's form, or its preview (console.rewind_views); None when not offered.
+        "rewind": rewind or rewind_forms.offered(task, request.user),
         # Every few seconds while the task is at work; slower while it is dead (someone
-        # may redrive or cancel it elsewhere); not once it has ended.
-        "refresh": REFRESH_SECONDS.get(task.status),
+        # may redrive or cancel it elsewhere); not once it has ended, nor under a rewind's
+        # preview or refusal, which a refresh would take away.
+        "refresh": None if rewind else REFRESH_SECONDS.get(task.status),
     }
     return render_page(request, "console/task_detail.html", context, partial="task", status=status)
 
@@ -256,18 +264,18 @@ def task_act(request: ConsoleRequest, pk: int, form: str) -> HttpResponse:
     bound = made.bind(request.POST)
     name = f"{made.key}_form"
     if not bound.is_valid():
-        return _task_page(request, task, status=400, action_forms={name: bound})
+        return task_page(request, task, status=400, action_forms={name: bound})
     try:
         spec, params = made.action(request.POST, bound.cleaned_data, task)
         services.run_action(spec.name, task, actor=request.user, **params)
     except errors.REFUSED as exc:
         refused = errors.refusal(request, exc, bound)
         task.refresh_from_db()
-        return _task_page(
+        return task_page(
             request, task, status=refused.status, error=refused.message, action_forms={name: bound}
         )
     messages.success(request, f"Task #{task.pk}: {spec.done}.")
     if request.htmx:
         task.refresh_from_db()
-        return _task_page(request, task)
+        return task_page(request, task)
     return redirect("console:task", pk=task.pk)

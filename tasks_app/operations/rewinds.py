@@ -117,9 +117,7 @@ def rewind(
         locked = lock_task(task.pk)
         shown = _plan(locked, step_id, new_payload)
         if shown.fingerprint != fingerprint:
-            raise InvalidTransition(
-                f"task #{task.pk} changed since the rewind was previewed: preview it again"
-            )
+            raise InvalidTransition(changed_since_preview(task.pk))
         _check_decisions(shown, decided)
         now = db_now()
         name, _ = actor_fields(actor)
@@ -172,14 +170,22 @@ def rewind(
     return locked
 
 
+def changed_since_preview(task_id: int) -> str:
+    """Why a plan is refused once its task no longer matches it."""
+    return f"task #{task_id} changed since the rewind was previewed: preview it again"
+
+
 # --- the plan ---------------------------------------------------------------------------------
 
 
 def _checked_payload(task: Task, payload: Any) -> Any:
-    """The edited payload, canonical and passed by the workflow's rules; None for none."""
+    """The edited payload, canonical and passed by the workflow's rules; None for none, or
+    for one the same as the task's (no edit to record)."""
     if payload is None:
         return None
     canonical = json.loads(validation.validate_payload(payload))
+    if canonical == task.payload:
+        return None
     flow = registry.get(task.workflow, task.workflow_version)
     if flow is not None:
         flow.check_payload(canonical)
