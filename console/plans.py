@@ -39,6 +39,28 @@ class PlanApplied(PlanRefused):
     """The plan was applied already: a plan is applied once."""
 
 
+def sign(data: dict[str, Any], salt: str) -> str:
+    """A plan's data as the token its confirm form carries."""
+    return signing.dumps(data, salt=salt, compress=True)
+
+
+def unsign(token: str, salt: str, *, user_id: int, again: str, missing: str) -> dict[str, Any]:
+    """The data a plan's token holds, if it is intact, no older than
+    ``CONSOLE_BULK_PLAN_SECONDS`` and made by ``user_id``; else :class:`PlanRefused` saying
+    why, and what to do (``again``; ``missing``: what a form without a plan is told)."""
+    try:
+        data: dict[str, Any] = signing.loads(
+            token, salt=salt, max_age=settings.CONSOLE_BULK_PLAN_SECONDS
+        )
+    except signing.SignatureExpired:
+        raise PlanRefused(f"the preview is too old: {again}") from None
+    except signing.BadSignature:
+        raise PlanRefused(missing) from None
+    if data.get("user_id") != user_id:
+        raise PlanRefused(f"this preview was made by someone else: {again}")
+    return data
+
+
 @dataclass(frozen=True)
 class BulkPlan:
     id: str
@@ -95,22 +117,19 @@ class BulkPlan:
         return selectors.dead_step_ledger(self.ids)
 
     def token(self) -> str:
-        data: dict[str, Any] = {**asdict(self), "ids": list(self.ids)}
-        return signing.dumps(data, salt=SALT, compress=True)
+        return sign({**asdict(self), "ids": list(self.ids)}, SALT)
 
     @classmethod
     def load(cls, token: str, *, user_id: int) -> BulkPlan:
         """The plan a token holds, if it is intact, recent and this user's."""
-        try:
-            data = signing.loads(token, salt=SALT, max_age=settings.CONSOLE_BULK_PLAN_SECONDS)
-        except signing.SignatureExpired:
-            raise PlanRefused("the preview is too old: preview again") from None
-        except signing.BadSignature:
-            raise PlanRefused("confirm a preview: this form carries none") from None
-        plan = cls(**{**data, "filters": DeadFilter(**data["filters"]), "ids": tuple(data["ids"])})
-        if plan.user_id != user_id:
-            raise PlanRefused("this preview was made by someone else: preview again")
-        return plan
+        data = unsign(
+            token,
+            SALT,
+            user_id=user_id,
+            again="preview again",
+            missing="confirm a preview: this form carries none",
+        )
+        return cls(**{**data, "filters": DeadFilter(**data["filters"]), "ids": tuple(data["ids"])})
 
     def difference(
         self,

@@ -18,10 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.conf import settings
-from django.core import signing
-
-from console.plans import PlanApplied, PlanRefused
+from console.plans import PlanApplied, PlanRefused, sign, unsign
 from tasks_app import services
 from tasks_app.models import Event, EventKind
 
@@ -50,20 +47,20 @@ class SignedRewind:
         )
 
     def token(self) -> str:
-        return signing.dumps(asdict(self), salt=SALT, compress=True)
+        return sign(asdict(self), SALT)
 
     @classmethod
     def load(cls, token: str, *, user_id: int, task_id: int) -> SignedRewind:
         """The plan a token holds, if it is intact, recent, this user's and this task's."""
-        try:
-            data = signing.loads(token, salt=SALT, max_age=settings.CONSOLE_BULK_PLAN_SECONDS)
-        except signing.SignatureExpired:
-            raise PlanRefused("the preview is too old: preview the rewind again") from None
-        except signing.BadSignature:
-            raise PlanRefused("this form carries no preview of a rewind: preview it") from None
-        plan = cls(**data)
-        if plan.user_id != user_id:
-            raise PlanRefused("this preview was made by someone else: preview the rewind again")
+        plan = cls(
+            **unsign(
+                token,
+                SALT,
+                user_id=user_id,
+                again="preview the rewind again",
+                missing="this form carries no preview of a rewind: preview it",
+            )
+        )
         if plan.task_id != task_id:
             raise PlanRefused(f"this preview is of task #{plan.task_id}, not this one")
         return plan
