@@ -17,6 +17,7 @@ from django.contrib.auth.models import User
 from approvals import services as approvals
 from approvals.models import ApprovalRequest, ApprovalStatus
 from console.graph_drawing import draw, layout
+from tasks_app import services
 from tasks_app.engine import leases
 from tasks_app.models import Step, StepStatus, Task
 from tasks_app.workflows import StepSpec, Workflow
@@ -30,6 +31,7 @@ from tests.graph_support import (
     reviewed_translations,
     run,
     step_of,
+    translations,
 )
 
 pytestmark = pytest.mark.django_db
@@ -362,3 +364,13 @@ def test_a_line_is_not_drawn_and_superseded_rows_are_left_out() -> None:
     assert drawing is not None
     assert [n.pk for n in drawing.nodes] == [1, 3]
     assert [n.label for n in drawing.nodes] == ["a", "b"]
+
+
+def test_the_timeline_says_how_many_rows_a_fan_out_made(oncall: User) -> None:
+    remote = Remote()
+    with registered(translations("test.graph.page_fan_out", remote)):
+        task = services.enqueue("test.graph.page_fan_out", {"languages": ["de", "fr"]}).task
+        run(task, "plan")
+        page = body(login(oncall).get(f"/tasks/{task.pk}/"))
+    assert "fanned out: translate into 2 rows" in page
+    assert page.count('class="graph-node') == 4

@@ -381,3 +381,17 @@ def test_someone_without_the_permission_is_refused_with_nothing_of_the_task(
         for content in shown:
             assert content not in page, f"{content!r} shown behind a refusal"
     assert rows() == before
+
+
+def test_the_timeline_says_what_a_rewind_ran_again_and_what_was_decided(
+    db: None, oncall: User, mailer: Mailer
+) -> None:
+    task = sent_task(mailer, lose_answer=True)
+    plan = services.plan_rewind(task, step_of(task, "draft").pk)
+    [write] = plan.in_doubt
+    services.rewind(
+        task, step_id=plan.step_id, actor="cli:oncall", reason="wrong subject",
+        fingerprint=plan.fingerprint, decisions={write.key: "happened"},
+    )  # fmt: skip
+    page = body(login(oncall).get(f"/tasks/{task.pk}/"))
+    assert f"runs again: draft, mail, archive; {write.key}: it happened (not sent again)" in page
