@@ -22,6 +22,7 @@ OTHER_STATUSES = {
     # An effect's in the ledger: started, then done.
     ("tasks_app.engine.effects", "run"),
     ("tasks_app.operations.operator_actions", "resolve"),
+    ("tasks_app.operations.rewinds", "_settle_writes"),
     # A new task's row, as enqueue makes it: pending (its steps' statuses are new_step's
     # and make_due's).
     ("tasks_app.engine.enqueueing", "_insert_with_orm"),
