@@ -87,6 +87,14 @@ def param_field(param: Param, *, keep_typing: bool = False) -> forms.Field:
             help_text=param.help,
             widget=forms.Textarea({"rows": 8, "spellcheck": "false", **attrs}),
         )
+    if param.kind == "step":
+        return forms.CharField(
+            required=False,
+            max_length=100,
+            label=label,
+            help_text=param.help,
+            widget=forms.TextInput({"size": 20, "autocomplete": "off", **attrs}),
+        )
     if param.kind == "delay":
         return forms.CharField(
             required=False,
@@ -205,7 +213,8 @@ def page_forms(specs: tuple[ActionSpec, ...] | list[ActionSpec]) -> list[PageFor
     holding all of its action's parameters. A shared form is headed by its last action's
     heading (the one naming what sets it apart: "Resolve the unknown outcome")."""
     grouped: dict[str, list[ActionSpec]] = {}
-    for spec in specs:
+    # An action the page takes through a flow of its own (a rewind) has no form here.
+    for spec in (spec for spec in specs if spec.page_form):
         grouped.setdefault(spec.form, []).append(spec)
     made = []
     for key, group in grouped.items():

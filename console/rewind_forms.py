@@ -164,12 +164,11 @@ class RewindPanel:
 
 def offered(task: Task, user: Any) -> RewindPanel | None:
     """The rewind form for the task page, if ``user`` may rewind and the task may be rewound
-    now (the service's rule, asked of its first step: only the task's state decides)."""
+    now (the service's rule: only the task's state decides)."""
     if not user.has_perm(PERMISSION):
         return None
     steps = standing_steps(task)
     running = Step.objects.current().filter(task=task, status=StepStatus.RUNNING).exists()
-    first = steps[0] if steps else None
-    if rewind_refusal(task, first, first.pk if first else None, running=running) is not None:
+    if rewind_refusal(task, running=running) is not None:
         return None
     return RewindPanel(form=choose_form(task, steps=steps))

@@ -76,7 +76,7 @@ from tasks_app.operations.operator_actions import (
     resume_queue,
     run_action,
 )
-from tasks_app.operations.rewinds import RewindPlan, plan_rewind, rewind
+from tasks_app.operations.rewinds import RewindPlan, plan_rewind, rewind, rewind_from
 
 __all__ = [
     "BULK_ACTIONS",
@@ -133,6 +133,7 @@ __all__ = [
     "resume_queue",
     "revise",
     "rewind",
+    "rewind_from",
     "run_action",
     "step_context",
     "step_inputs",

@@ -1,5 +1,6 @@
-"""What people do to tasks: redrive, resolve, cancel (one task or many), pause and resume a
-queue. Each checks the actor's permission and records who did it and why."""
+"""What people do to tasks: redrive, resolve, cancel, rewind from a step (one task or
+many), pause and resume a queue. Each checks the actor's permission and records who did it
+and why."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.history.events import record_event
 from tasks_app.models import Effect, EventKind, QueueState, Step, StepStatus, Task
 from tasks_app.models.json_columns import described
+
+# The rewind row's service lives with the rewind; imported so that run_action finds it here.
+from tasks_app.operations.rewinds import rewind_from as rewind_from
 from tasks_app.operations.task_actions import ACTIONS, Action, refusal
 from tasks_app.signals import steps_cancelled
 

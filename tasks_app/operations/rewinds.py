@@ -170,6 +170,44 @@ def rewind(
     return locked
 
 
+def rewind_from(
+    task: Task, *, actor: Actor, reason: str, from_step: str, plan: str | None = None
+) -> Task:
+    """Rewind ``task`` from its current step of the kind ``from_step`` (its first item), as
+    the operator action ``rewind`` does for many tasks at once: planned and applied at once,
+    with the plan's fingerprint, and the bulk plan's id on the event.
+
+    Nobody is there to say whether a write in doubt happened, so a task with one is refused
+    (:class:`InvalidTransition`, which a bulk action skips and reports), as is a task with
+    no step of that kind (a dead letter of another workflow matched by the same filter)."""
+    check_permission(actor, "redrive_task")
+    reason = validation.require_text(reason, "reason")
+    kind = validation.require_text(from_step, "from_step")
+    current = Step.objects.current().filter(task=task, item=0).order_by("position")
+    step = current.filter(kind=kind).first()
+    if step is None:
+        kinds = ", ".join(current.values_list("kind", flat=True))
+        raise InvalidTransition(
+            f"task #{task.pk} has no step {kind} to rewind from (from_step; its steps: {kinds})"
+        )
+    shown = plan_rewind(task, step.pk)
+    if shown.in_doubt:
+        keys = ", ".join(write.key for write in shown.in_doubt)
+        raise InvalidTransition(
+            f"task #{task.pk} has writes in doubt ({keys}): rewind it from its page, saying "
+            "whether each happened"
+        )
+    # The plan is made again under the task's lock: a task changed since is refused there.
+    return rewind(
+        task,
+        step_id=step.pk,
+        actor=actor,
+        reason=reason,
+        fingerprint=shown.fingerprint,
+        plan=plan,
+    )
+
+
 def changed_since_preview(task_id: int) -> str:
     """Why a plan is refused once its task no longer matches it."""
     return f"task #{task_id} changed since the rewind was previewed: preview it again"

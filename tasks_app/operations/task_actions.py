@@ -23,9 +23,11 @@ Which states allow each (:func:`refusal`, the one rule the services enforce):
   happen: forget the started call and call again). A step that failed with a known
   outcome is redriven instead.
 - ``cancel``: a task not yet succeeded or cancelled, and not already being cancelled.
-- a rewind (``tasks_app.operations.rewinds``, from a chosen step, previewed as a plan):
+- ``rewind`` (``tasks_app.operations.rewinds``, from a chosen step, previewed as a plan):
   a task that succeeded, died or was cancelled, with no step still running
-  (:func:`rewind_refusal`).
+  (:func:`rewind_refusal`). The row rewinds many tasks from their step of a given kind and
+  leaves a task with a write in doubt to its page; the task page rewinds through its own
+  preview, not a form of the table (``page_form``).
 
 So a dead step with a known outcome offers Redrive, Retry after a delay and Mark done; one
 with an unknown outcome offers Mark done and Run again. The first dead step (by position)
@@ -60,11 +62,13 @@ class Action(StrEnum):
     RESOLVE_DONE = "resolve_done"
     RESOLVE_RETRY = "resolve_retry"
     CANCEL = "cancel"
+    REWIND = "rewind"
 
 
 # How a parameter is read: ``text`` as it is, ``json`` parsed (an object), ``delay`` by
-# ``validation.validate_delay`` (15 minutes, 5m, 1h, 2d).
-ParamKind = Literal["text", "json", "delay"]
+# ``validation.validate_delay`` (15 minutes, 5m, 1h, 2d), ``step`` as the kind of a step
+# (one line of text: draft).
+ParamKind = Literal["text", "json", "delay", "step"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,14 @@ DELAY = Param(
     kind="delay",
     required=True,
     help="Minutes (15), or 90s, 5m, 1h, 2d; at most 7 days.",
+)
+
+FROM_STEP = Param(
+    "from_step",
+    "From step",
+    kind="step",
+    required=True,
+    help="The kind of the step to run again from, as the task's steps name it (draft).",
 )
 
 
@@ -143,6 +155,9 @@ class ActionSpec:
     targets: tuple[str, ...] = (TaskStatus.DEAD,)
     in_doubt: str = RERUN_IN_DOUBT
     applied: str = "a rerun skips them by their key."
+    # Whether the task page offers it as a form of the table: False for an action the page
+    # takes through a flow of its own (a rewind is previewed step by step there).
+    page_form: bool = True
 
     def button_text(self, count: int) -> str:
         return self.button.format(n=count, tasks="task" if count == 1 else "tasks")
@@ -150,6 +165,10 @@ class ActionSpec:
     @property
     def bulk_params(self) -> tuple[Param, ...]:
         return tuple(param for param in self.params if param.bulk)
+
+
+# The statuses of a task a rewind may start again from one of its steps.
+REWINDABLE = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
 
 
 ACTIONS: dict[str, ActionSpec] = {
@@ -227,6 +246,26 @@ ACTIONS: dict[str, ActionSpec] = {
             in_doubt="cancelling does not undo them; check the remote system.",
             applied="cancelling does not undo them.",
         ),
+        ActionSpec(
+            Action.REWIND,
+            "Rewind",
+            "redrive_task",
+            "Rewind {n} {tasks}",
+            "rewound",
+            "Runs the task again from its step of the kind given: that step, every step that "
+            "waits for it and every other step that has not succeeded, with their step keys "
+            "kept. A task with an external write in doubt is left alone: rewind it from its "
+            "page, saying whether each write happened.",
+            "rewind_from",
+            params=(FROM_STEP, REASON),
+            tone="danger",
+            targets=REWINDABLE,
+            in_doubt="those tasks are skipped: rewind them one by one from their page.",
+            applied="a rerun finds them by their key and skips them.",
+            # The task page's own rewind section (choose a step, preview, decide, confirm)
+            # is its rewind: a second, plainer form would only skip the preview.
+            page_form=False,
+        ),
     )
 }
 
@@ -265,6 +304,9 @@ def refusal(action: str, task: Task, dead_step: Step | None) -> str | None:
     ``dead_step`` is the task's first dead step (:func:`first_dead_step`), given by the
     caller, which has usually read it already (under the task's lock, for a service).
     """
+    if action == Action.REWIND:
+        running = Step.objects.current().filter(task=task, status=StepStatus.RUNNING).exists()
+        return rewind_refusal(task, running=running)
     if action == Action.CANCEL:
         if task.status in TERMINAL_TASK_STATUSES:
             return f"task #{task.pk} already {task.status}"
@@ -299,17 +341,13 @@ def refusal(action: str, task: Task, dead_step: Step | None) -> str | None:
     return None
 
 
-# The statuses of a task a rewind may start again from one of its steps.
-REWINDABLE = (TaskStatus.SUCCEEDED, TaskStatus.DEAD, TaskStatus.CANCELLED)
-
-
 def rewind_refusal(
-    task: Task, step: Step | None, step_id: int | None, *, running: bool
+    task: Task, step: Step | None = None, step_id: int | None = None, *, running: bool
 ) -> str | None:
-    """Why ``task`` may not be rewound from its current step ``step`` (``step_id``, None
-    when it has no such step) now, or None when it may: a task that finished, died or was
-    cancelled, with no step still running (a branch that runs on in a dead task ends
-    first)."""
+    """Why ``task`` may not be rewound now, or None when it may: a task that finished, died
+    or was cancelled, with no step still running (a branch that runs on in a dead task ends
+    first). Given a ``step_id``, also from that current step (``step``, None when the task
+    has no such step)."""
     if task.status not in REWINDABLE:
         return (
             f"task #{task.pk} is {str(task.status).replace('_', ' ')}: a rewind starts again a "
@@ -317,7 +355,7 @@ def rewind_refusal(
         )
     if running:
         return f"a step of task #{task.pk} is still running: rewind once it has ended"
-    if step is None:
+    if step_id is not None and step is None:
         return f"task #{task.pk} has no current step {step_id} to rewind from"
     return None
 

@@ -317,7 +317,7 @@ def test_the_actions_offered_are_those_the_user_is_permitted(
         form = client.get(reverse(CHANGELIST_URL)).context["action_form"]
         return set() if form is None else {name for name, _ in form.fields["action"].choices}
 
-    operator = {"redrive", "redrive_later", "resolve_done", "resolve_retry", "cancel"}
+    operator = {"redrive", "redrive_later", "resolve_done", "resolve_retry", "cancel", "rewind"}
     assert offered(admin_client_logged_in) == operator | {""}
     assert offered(staff_client(oncall)) == operator | {""}
     assert offered(staff_client(auditor)) == set()

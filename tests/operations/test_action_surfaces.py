@@ -1,6 +1,7 @@
 """Every surface offers every operator action of the table (``task_actions.ACTIONS``), and
 taking it there reaches its service: the console's task page (a form with the action's
-button and parameters), the dead letters' bulk form (a choice and the parameter fields),
+button and parameters, or, for a row it takes through a flow of its own, that flow), the
+dead letters' bulk form (a choice and the parameter fields),
 the admin (a changelist action whose confirmation asks for the parameters), the commands
 (``task_action``, and the named commands for their rows) and the plain description an API
 reads. A row added without one of these fails here."""
@@ -21,7 +22,7 @@ from django.urls import reverse
 
 from console.forms import BulkForm
 from tasks_app.integrations.admin import TaskAdmin
-from tasks_app.models import Event, Task
+from tasks_app.models import Event, Step, Task
 from tasks_app.operations import task_actions
 from tasks_app.operations.task_actions import ACTIONS, ActionSpec, Param
 from tests.admin_support import staff_client
@@ -35,7 +36,8 @@ NAMES = list(ACTIONS)
 CANDIDATES: list[Callable[[], Task]] = [dead_task, unknown_outcome, noop]
 
 # A value each kind of parameter takes (an optional one-task payload is left out).
-SAMPLES = {"text": "because the test says so", "delay": "15m"}
+# A step kind is the candidates' own (demo.flaky's one step).
+SAMPLES = {"text": "because the test says so", "delay": "15m", "step": "flaky"}
 
 # The named commands and how each takes a row (beside ``task_action`` for every row).
 NAMED_COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -44,6 +46,7 @@ NAMED_COMMANDS: dict[str, tuple[str, dict[str, Any]]] = {
     "resolve_done": ("resolve", {"outcome": "done"}),
     "resolve_retry": ("resolve", {"outcome": "retry"}),
     "cancel": ("cancel", {}),
+    "rewind": ("rewind", {}),
 }
 
 
@@ -74,6 +77,7 @@ def took(spec: ActionSpec, task: Task, actor: str) -> bool:
 class PageForm:
     action: str
     fields: set[str] = field(default_factory=set)
+    values: dict[str, str] = field(default_factory=dict)
     buttons: list[tuple[str, str, str]] = field(default_factory=list)
 
 
@@ -91,6 +95,7 @@ class Forms(HTMLParser):
             self.forms.append(PageForm(a.get("action", "")))
         elif self.forms and tag in ("input", "textarea", "select") and a.get("name"):
             self.forms[-1].fields.add(a["name"])
+            self.forms[-1].values[a["name"]] = a.get("value", "")
         elif self.forms and tag == "button":
             self._button = [a.get("name", ""), a.get("value", ""), ""]
 
@@ -121,6 +126,10 @@ def test_the_task_page_offers_it_with_its_parameters_and_takes_it(
         for button in form.buttons
         if button[0] == spec.label
     ]
+    if not spec.page_form:
+        assert not offering, f"the task page offers {spec.label!r} twice"
+        takes_it_through_its_own_flow(client, parser, task, spec, superuser)
+        return
     assert offering, f"the task page offers no {spec.label!r} button"
     form, (_, button_name, button_value) = offering[0]
     wanted = {p.name for p in spec.params if not p.variant}
@@ -129,6 +138,27 @@ def test_the_task_page_offers_it_with_its_parameters_and_takes_it(
     response = client.post(form.action, data)
     assert response.status_code == 302, body(response)
     assert took(spec, task, superuser.username)
+
+
+def takes_it_through_its_own_flow(
+    client: Client, page: Forms, task: Task, spec: ActionSpec, user: User
+) -> None:
+    """A row the task page takes through a flow of its own (a rewind): its section offers
+    it (choose a step, preview, confirm), and confirming the preview takes it."""
+    assert spec.name == task_actions.Action.REWIND, f"which flow of the page takes {spec.name}?"
+    url = reverse("console:task_rewind", args=[task.pk])
+    [form] = [form for form in page.forms if form.action == url]
+    assert any(text == "Preview rewind" for text, _, _ in form.buttons), form.buttons
+    assert "step" in form.fields
+    step = Step.objects.current().get(task=task, kind=SAMPLES["step"], item=0)
+    preview = Forms()
+    preview.feed(body(client.post(url, {"step": step.pk})))
+    confirm_url = reverse("console:task_rewind_confirm", args=[task.pk])
+    [confirm] = [form for form in preview.forms if form.action == confirm_url]
+    assert {"plan", "reason"} <= confirm.fields
+    response = client.post(confirm_url, {"plan": confirm.values["plan"], "reason": SAMPLES["text"]})
+    assert response.status_code == 302, body(response)
+    assert took(spec, task, user.username)
 
 
 @pytest.mark.parametrize("name", NAMES)
