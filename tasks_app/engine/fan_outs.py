@@ -5,7 +5,7 @@ of the steps it waits for that gives the items, at most ``max_items``. The enque
 row as every step's (item 0, ``blocked``). When the steps it waits for have succeeded, the
 transaction that saw the last of them succeed asks for the items and, for N of them, makes
 item 0 due and adds items 1 to N-1 at the same position, each its own step: its own lease,
-attempts, step key (its first row's and ``:i<n>``, as ``models.step_key`` says) and ledger
+attempts, step key (its first row's and ``:i<n>``: ``models.work.item_key``) and ledger
 entries. N is recorded with them (the event's ``fanned_out``). A step that waits for a
 fan-out waits for every one of its rows, and gets their results as one list in item order
 (:func:`results_of`).
@@ -29,6 +29,7 @@ from tasks_app.access import Actor
 from tasks_app.engine.workflows import registry
 from tasks_app.history.events import event_error, record_event
 from tasks_app.models import EventKind, Step
+from tasks_app.models.work import item_key
 
 if TYPE_CHECKING:
     from tasks_app.engine.workflows import StepSpec
@@ -107,9 +108,7 @@ def item_row(task: Task, first: Step, item: int) -> Step:
         kind=first.kind, queue=first.queue, priority=first.priority,
         max_attempts=first.max_attempts, limits=first.limits, limit_turn=first.limit_turn,
         after=first.after,
-        # The first row's key with the item's: a rewind keeps the first row's key, so the
-        # items it makes again keep theirs, and their ledger entries with them.
-        idempotency_key=f"{first.idempotency_key}:i{item}",
+        idempotency_key=item_key(first.idempotency_key, item),
     )  # fmt: skip
 
 

@@ -207,14 +207,20 @@ class StepQuerySet(models.QuerySet["Step"]):
         return self.current().filter(**where).order_by("-revision").first()
 
 
-def step_key(task_key: str, position: int, kind: str, revision: int = 0, item: int = 0) -> str:
-    """A step's idempotency key (DESIGN rule 5): ``<task key>:<position>:<kind>``, then
-    ``:r<n>`` on the rows of revision ``n`` and ``:i<n>`` on item ``n`` of a fan-out (its
-    item 0 keeps the key the enqueue gave it). Kept across retries and redrives. The bulk
-    insert's SQL (``sql.INSERT_SQL``) restates it for revision 0, item 0."""
+def step_key(task_key: str, position: int, kind: str, revision: int = 0) -> str:
+    """A step's idempotency key (DESIGN rule 5): ``<task key>:<position>:<kind>``, and
+    ``:r<n>`` on the rows of revision ``n``; a fan-out's later items add theirs
+    (:func:`item_key`). Kept across retries, redrives and rewinds. The bulk insert's SQL
+    (``sql.INSERT_SQL``) restates it for revision 0."""
     key = f"{task_key}:{position}:{kind}"
-    key = f"{key}:r{revision}" if revision else key
-    return f"{key}:i{item}" if item else key
+    return f"{key}:r{revision}" if revision else key
+
+
+def item_key(first_key: str, item: int) -> str:
+    """The step key of item ``item`` of a fan-out whose first row's key is ``first_key``:
+    item 0 keeps it, the others add ``:i<n>``. From the first row's key, not the task's,
+    so the items a rewind makes again keep their keys, and their ledger entries with them."""
+    return f"{first_key}:i{item}" if item else first_key
 
 
 class Step(models.Model):
