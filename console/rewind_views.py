@@ -36,7 +36,6 @@ from console.views import ConsoleRequest, task_page, view_tasks
 from tasks_app import services
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.models import Task
-from tasks_app.operations.rewinds import changed_since_preview
 
 
 def _may_rewind(request: ConsoleRequest) -> None:
@@ -138,10 +137,6 @@ def rewind_confirm(request: ConsoleRequest, pk: int) -> HttpResponse:
             plan=signed.id,
         )
     except InvalidInput as exc:
-        if plan.fingerprint != signed.fingerprint:
-            # The service asks for the reason before it compares the plans; the preview
-            # shown again must be the one signed, and this one is not.
-            return _refused(request, task, 409, changed_since_preview(task.pk), signed=signed)
         errors.refusal(request, exc, form)
         panel = _preview(task, plan, token, confirm=form, decided=decided)
         return task_page(request, task, status=exc.http_status, rewind=panel)

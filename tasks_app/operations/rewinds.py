@@ -110,14 +110,16 @@ def rewind(
     """Apply the rewind :func:`plan_rewind` showed with ``fingerprint``; ``decisions``
     says, for each write in doubt by its key, ``happened`` or ``not_happened``."""
     check_permission(actor, "redrive_task")
-    reason = validation.require_text(reason, "reason")
     new_payload = _checked_payload(task, payload)
     decided = dict(decisions or {})
     with transaction.atomic():
         locked = lock_task(task.pk)
         shown = _plan(locked, step_id, new_payload)
+        # A plan that no longer matches is refused first, whatever else the confirm lacks:
+        # its preview cannot be shown again to be completed.
         if shown.fingerprint != fingerprint:
             raise InvalidTransition(changed_since_preview(task.pk))
+        reason = validation.require_text(reason, "reason")
         _check_decisions(shown, decided)
         now = db_now()
         name, _ = actor_fields(actor)
