@@ -115,3 +115,32 @@ def test_on_a_phone_the_preview_fits_the_screen(page: Page, oncall: User, task: 
     expect(section.locator("li.write")).to_have_count(1)
     widths = page.evaluate(OVERFLOW)
     assert max(widths["document"], widths["body"]) <= widths["window"], widths
+
+
+def test_oncall_rewinds_dead_letters_in_bulk_and_the_one_in_doubt_is_left_to_its_page(
+    page: Page, oncall: User
+) -> None:
+    mailer = Mailer()
+    with registered(newsletter(mailer)):
+        refused = sent_task(mailer, refuse=True)
+        in_doubt = sent_task(mailer, lose_answer=True)
+        log_in(page, oncall)
+        page.goto("/dead/")
+        bulk = page.locator("#bulk")
+        bulk.get_by_label("Action").select_option("rewind")
+        bulk.get_by_label("From step (for Rewind)").fill("draft")
+        bulk.get_by_label("Reason").fill("The subject line was wrong")
+        bulk.get_by_role("button", name="Preview").click()
+
+        confirm = bulk.get_by_role("button", name="Rewind 2 tasks", exact=True)
+        expect(confirm).to_be_visible()
+        assert not Event.objects.filter(kind=EventKind.REWOUND).exists()  # only previewed
+        confirm.click()
+
+        done = bulk.locator(".notice.success")
+        expect(done).to_contain_text("Rewind: 1 task changed, 1 skipped.")
+        expect(done).to_contain_text(f"#{in_doubt.pk}: task #{in_doubt.pk} has writes in doubt")
+        rewound = Event.objects.get(kind=EventKind.REWOUND)
+        assert (rewound.task_id, rewound.actor) == (refused.pk, oncall.username)
+        in_doubt.refresh_from_db()
+        assert in_doubt.status == TaskStatus.DEAD
