@@ -18,10 +18,9 @@ from typing import Any
 
 from django.conf import settings
 
-from approvals import remote
 from approvals.payloads import check_article_draft
 from approvals.steps import approval_step, check_workflow
-from approvals.workflows import _approved
+from approvals.workflows import publish_approved
 from tasks_app.exceptions import InvalidInput, InvalidPayload, refuse_all
 from tasks_app.workflows import StepContext, StepSpec, Workflow, register
 
@@ -108,27 +107,14 @@ def draft_post(ctx: StepContext) -> dict[str, Any]:
 
 
 def publish(ctx: StepContext) -> dict[str, Any]:
-    post = _approved(ctx, "draft_post", "review_post")
     translations = ctx.results["translate"]
-    approval = ctx.results["review_post"]
-    answer = ctx.effects.run(
-        "publish",
-        lambda key: remote.post_json(
-            settings.PUBLISH_URL,
-            {
-                "article_id": post["article_id"],
-                "title": post["title"],
-                "body": post["body"],
-                "translations": translations,
-                "approved_by": approval["approved_by"],
-            },
-            idempotency_key=key,
-            honours_key=True,
-            token=settings.PUBLISH_TOKEN,
-        ),
-        idempotent_remote=True,
+    published = publish_approved(
+        ctx, "review_post", "draft_post", extra={"translations": translations}
     )
-    return {"remote_id": answer.get("id"), "languages": [t["language"] for t in translations]}
+    return {
+        "remote_id": published["remote_id"],
+        "languages": [t["language"] for t in translations],
+    }
 
 
 RELEASE_NOTES = register(

@@ -72,9 +72,15 @@ def publish(ctx: StepContext) -> dict[str, Any]:
     return publish_approved(ctx, "editor_review")
 
 
-def publish_approved(ctx: StepContext, review_step: str) -> dict[str, Any]:
-    """Publish the draft ``review_step`` approved, once (the remote honours keys)."""
-    draft = _approved(ctx, "generate_draft", review_step)
+def publish_approved(
+    ctx: StepContext,
+    review_step: str,
+    draft_step: str = "generate_draft",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Publish the draft of ``draft_step`` that ``review_step`` approved (with ``extra``
+    fields in the post), once (the remote honours keys)."""
+    draft = _approved(ctx, draft_step, review_step)
     approval = ctx.results[review_step]
     answer = ctx.effects.run(
         "publish",
@@ -84,6 +90,7 @@ def publish_approved(ctx: StepContext, review_step: str) -> dict[str, Any]:
                 "article_id": draft["article_id"],
                 "title": draft["title"],
                 "body": draft["body"],
+                **(extra or {}),
                 "approved_by": approval["approved_by"],
             },
             idempotency_key=key,
