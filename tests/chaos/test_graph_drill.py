@@ -48,6 +48,7 @@ from tasks_app.models import (
     TaskStatus,
     step_key,
 )
+from tasks_app.models.work import item_key
 from tasks_app.workflows import Workflow, registry
 from tests.chaos.harness import (
     Cluster,
@@ -239,7 +240,7 @@ def expected_writes(ids: Sequence[int], flow: Workflow) -> tuple[list[str], list
     for key in Task.objects.filter(pk__in=ids).values_list("idempotency_key", flat=True):
         assert key is not None
         branches += [
-            f"{step_key(key, position[kind], kind, item=item)}:write" for kind, item in rows
+            f"{item_key(step_key(key, position[kind], kind), item)}:write" for kind, item in rows
         ]
         joins.append(f"{step_key(key, position['join'], 'join')}:record")
     return branches, joins
