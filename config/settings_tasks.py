@@ -224,6 +224,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CHANNEL_ERROR_RETRY = True
 # Each worker node with a free pool process rings for a step of its queues that has been
 # due this long with no doorbell, this often (tasks_app/engine/backstop.py; 0: never).
+# The demo's schedules (tasks_app.demo.schedules) are declared in the embedded mode that
+# `make run` uses, and nowhere else unless this says so.
+TASKS_DEMO_SCHEDULES = env_bool("TASKS_DEMO_SCHEDULES", not DATABASE_URL)
 TASKS_BACKSTOP_SECONDS = env_int("TASKS_BACKSTOP_SECONDS", 5, minimum=0)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.core import checks
 from django.db.backends.signals import connection_created
 from django.utils.module_loading import autodiscover_modules
@@ -30,7 +31,9 @@ def _register_sweep_jobs() -> None:
     operator events past the audit retention per sweep (``tasks_app.operations.retention``);
     about once a minute, each workflow's counters go into the workflow figures' roll-up
     (``tasks_app.observability.workflow_samples``), always reported as 0, sampling being
-    upkeep."""
+    upkeep; and every schedule whose slot has come is ticked
+    (``tasks_app.engine.schedule_ticks``), reported as the slots it enqueued."""
+    from tasks_app.engine import schedule_ticks
     from tasks_app.engine.sweeper import register_sweep_job
     from tasks_app.observability import workflow_samples
     from tasks_app.operations import retention
@@ -38,6 +41,7 @@ def _register_sweep_jobs() -> None:
     register_sweep_job("pruned", retention.sweep_tasks)
     register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
     register_sweep_job("workflow_samples", workflow_samples.sample)
+    register_sweep_job("schedules", schedule_ticks.sweep_job)
 
 
 def check_limits_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -79,6 +83,9 @@ class TasksAppConfig(AppConfig):
         from tasks_app import backends  # noqa: F401
         from tasks_app.demo import workflows as demo_workflows  # noqa: F401
         from tasks_app.engine import backstop  # noqa: F401
+
+        if settings.TASKS_DEMO_SCHEDULES:
+            from tasks_app.demo import schedules as demo_schedules  # noqa: F401
 
         _register_sweep_jobs()
         _listen_to_events()

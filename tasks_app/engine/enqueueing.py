@@ -144,6 +144,12 @@ def enqueue(
     return _enqueue_prepared([item], actor)[0]
 
 
+def check_enqueue(workflow: Any, payload: Any, *, prefix: str = "", **options: Any) -> None:
+    """Refuse what ``enqueue`` would refuse, writing nothing (a schedule's declaration is
+    checked this way when it is stored)."""
+    _prepare(workflow=workflow, payload=payload, prefix=prefix, **options)
+
+
 def enqueue_many(items: Sequence[dict[str, Any]], *, actor: Actor = None) -> list[EnqueueResult]:
     """Enqueue several tasks, all or nothing; results in input order."""
     prepared = []

@@ -5,9 +5,10 @@ field, and every transition is written beside its :class:`Event` in one transact
 
 The tables live in modules of one concern each: ``work`` (tasks and steps), ``attempts``
 (each attempt's Lease row), ``effect_ledger`` (the external writes), ``events`` (the
-history and the audit chain's checkpoints) and ``system_state`` (queue switches, counters,
-heartbeats, workflow samples). Their public names are re-exported here, so
-``from tasks_app.models import Task`` is the one way in.
+history and the audit chain's checkpoints), ``system_state`` (queue switches, counters,
+heartbeats, workflow samples) and ``schedules`` (periodic work and the slots it decided).
+Their public names are re-exported here, so ``from tasks_app.models import Task`` is the
+one way in.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tasks_app.models.events import (
     EventQuerySet,
 )
 from tasks_app.models.limits import LimitKey, LimitState
+from tasks_app.models.schedules import RunOutcome, ScheduleRun, StoredSchedule
 from tasks_app.models.statuses import (
     ACTIVE_TASK_STATUSES,
     FINAL_STEP_STATUSES,
@@ -68,9 +70,12 @@ __all__ = [
     "LimitState",
     "PayloadSearch",
     "QueueState",
+    "RunOutcome",
+    "ScheduleRun",
     "Step",
     "StepQuerySet",
     "StepStatus",
+    "StoredSchedule",
     "Task",
     "TaskQuerySet",
     "TaskStatus",

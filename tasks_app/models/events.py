@@ -49,6 +49,13 @@ class EventKind(models.TextChoices):
     # A finished, dead or cancelled task run again from one of its steps
     # (tasks_app.operations.rewinds).
     REWOUND = "rewound", "Rewound"
+    # Schedules (tasks_app.operations.schedules): a declaration stored, changed or removed
+    # by a sync, and on-call's pause, resume, backfill and run now.
+    SCHEDULE_SYNCED = "schedule_synced", "Schedule synced"
+    SCHEDULE_PAUSED = "schedule_paused", "Schedule paused"
+    SCHEDULE_RESUMED = "schedule_resumed", "Schedule resumed"
+    SCHEDULE_BACKFILLED = "schedule_backfilled", "Schedule backfilled"
+    SCHEDULE_RUN_NOW = "schedule_run_now", "Schedule run now"
 
 
 # Operator actions: kept for the longer audit retention.
@@ -69,6 +76,11 @@ OPERATOR_EVENT_KINDS = frozenset(
         EventKind.LIMIT_KEY_PAUSED,
         EventKind.LIMIT_KEY_RESUMED,
         EventKind.REWOUND,
+        EventKind.SCHEDULE_SYNCED,
+        EventKind.SCHEDULE_PAUSED,
+        EventKind.SCHEDULE_RESUMED,
+        EventKind.SCHEDULE_BACKFILLED,
+        EventKind.SCHEDULE_RUN_NOW,
     }
 )
 

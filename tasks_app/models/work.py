@@ -100,6 +100,7 @@ class Task(models.Model):
             ("cancel_task", "Can cancel a task"),
             ("pause_queue", "Can pause and resume a queue"),
             ("change_limits", "Can change a limit and pause its keys"),
+            ("manage_schedules", "Can pause, resume, backfill and run a schedule"),
             ("view_audit_log", "Can read the audit log"),
             ("export_audit_log", "Can export the audit log"),
         ]
