@@ -85,7 +85,9 @@ class TasksAppConfig(AppConfig):
         from tasks_app.engine import backstop  # noqa: F401
 
         if settings.TASKS_DEMO_SCHEDULES:
-            from tasks_app.demo import schedules as demo_schedules  # noqa: F401
+            from tasks_app.demo import schedules as demo_schedules
+
+            demo_schedules.declare()
 
         _register_sweep_jobs()
         _listen_to_events()

@@ -26,6 +26,7 @@ from django.db import transaction
 from django.db.models import F
 
 from tasks_app import services
+from tasks_app.demo import schedules as demo_schedules
 from tasks_app.demo import seeding
 from tasks_app.demo.workflows import DEMO_CUSTOMER, DEMO_LLM
 from tasks_app.engine import runner
@@ -200,6 +201,8 @@ class Command(BaseCommand):
         )
         pending = Task.objects.filter(status=TaskStatus.PENDING).count()
         self.stdout.write(f"  {pending} tasks pending for the worker")
+        if settings.TASKS_DEMO_SCHEDULES:
+            self.stdout.write(f"Demo schedules: {demo_schedules.seed(ACTOR)}")
 
     # --- this run's fresh batch ------------------------------------------------------------
 
