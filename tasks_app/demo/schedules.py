@@ -77,8 +77,9 @@ def declare() -> None:
 
 def seed(actor: str, registry: ScheduleRegistry | None = None) -> str:
     """Store the demo's schedules as the release would; the first time, pause the weekly
-    report (never again once someone resumed it) and leave the hourly sync with missed slots (its next slot moved back two hours
-    before a tick, as if the maintenance worker had been down). Says what it did."""
+    report (never again once someone resumed it) and leave the hourly sync with missed
+    slots (its next slot moved back two hours before a tick, as if the maintenance worker
+    had been down). Says what it did."""
     changes = schedule_sync.sync(actor=actor, reason="demo", registry=registry)
     weekly = StoredSchedule.objects.get(name=WEEKLY_REPORT.name)
     ever_paused = Event.objects.filter(kind=EventKind.SCHEDULE_PAUSED, data__schedule=weekly.name)
