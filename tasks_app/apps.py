@@ -28,7 +28,8 @@ def _name_the_session(sender: Any, connection: Any, **kwargs: Any) -> None:
 def _register_sweep_jobs() -> None:
     """The core's own periodic work, run by the sweeper after it reaps and rings again
     (the engine knows none of it): retention prunes one batch of finished tasks and one of
-    operator events past the audit retention per sweep (``tasks_app.operations.retention``);
+    operator events past the audit retention and one of schedule runs past the retention per
+    sweep (``tasks_app.operations.retention``);
     about once a minute, each workflow's counters go into the workflow figures' roll-up
     (``tasks_app.observability.workflow_samples``), always reported as 0, sampling being
     upkeep; and every schedule whose slot has come is ticked
@@ -40,6 +41,7 @@ def _register_sweep_jobs() -> None:
 
     register_sweep_job("pruned", retention.sweep_tasks)
     register_sweep_job("pruned_audit_events", retention.sweep_audit_events)
+    register_sweep_job("pruned_schedule_runs", retention.sweep_schedule_runs)
     register_sweep_job("workflow_samples", workflow_samples.sample)
     register_sweep_job("schedules", schedule_ticks.sweep_job)
 

@@ -34,7 +34,15 @@ from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from tasks_app.db.clock import db_now
 from tasks_app.history import audit_verify, counting
-from tasks_app.models import OPERATOR_EVENT_KINDS, Event, Step, Task, TaskStatus
+from tasks_app.models import (
+    OPERATOR_EVENT_KINDS,
+    Event,
+    ScheduleRun,
+    Step,
+    StoredSchedule,
+    Task,
+    TaskStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -286,4 +294,28 @@ def sweep_audit_events(limit: int) -> int:
     gone = sum(prune_audit_batch(cutoffs(), size=settings.RETENTION_BATCH).values())
     if gone:
         logger.info("pruned %d operator event(s) past the audit retention", gone)
+    return gone
+
+
+def schedule_runs_before() -> datetime:
+    """Schedule runs whose slot is older than this go: a day past ``RETENTION_DAYS``, so a
+    backfill, which reaches back ``RETENTION_DAYS`` at most, never finds a slot's run gone
+    while its task may still hold the slot's key."""
+    return db_now() - timedelta(days=settings.RETENTION_DAYS + 1)
+
+
+def sweep_schedule_runs(limit: int) -> int:
+    """The sweeper's job: up to ``RETENTION_BATCH`` schedule runs past the retention, by
+    schedule (each an index range of its slots)."""
+    before = schedule_runs_before()
+    gone = 0
+    for name in StoredSchedule.objects.values_list("name", flat=True):
+        old = ScheduleRun.objects.filter(schedule=name, slot__lt=before).order_by("slot")
+        ids = list(old.values_list("pk", flat=True)[: settings.RETENTION_BATCH - gone])
+        if ids:
+            gone += ScheduleRun.objects.filter(pk__in=ids).delete()[0]
+        if gone >= settings.RETENTION_BATCH:
+            break
+    if gone:
+        logger.info("pruned %d schedule run(s) past the retention", gone)
     return gone

@@ -18,16 +18,17 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from tasks_app import validation
 from tasks_app.access import Actor, actor_fields, check_permission
 from tasks_app.db.clock import db_now
 from tasks_app.engine.enqueueing import EnqueueResult
-from tasks_app.engine.schedule_ticks import decide_slots, enqueue_slot, runs_of, start
+from tasks_app.engine.schedule_ticks import count_runs, decide_slots, enqueue_slot, runs_of, start
 from tasks_app.engine.schedules import KEY_PREFIX, Missed, Timing, decide, parse_slot, slot_text
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.history.events import record_event
@@ -183,6 +184,13 @@ def plan_backfill(name: Any, *, since: Any, until: Any) -> SchedulePlan:
     until = _moment(until, "until")
     if until < since:
         raise InvalidInput("until", "order", "until: must not be before since")
+    if since < db_now() - timedelta(days=settings.RETENTION_DAYS):
+        raise InvalidInput(
+            "since",
+            "retention",
+            f"since: within the last {settings.RETENTION_DAYS} days (RETENTION_DAYS): older "
+            "runs and their tasks are pruned, so a slot there may have run already",
+        )
     if until >= row.next_slot:
         raise InvalidInput(
             "until",
@@ -243,6 +251,7 @@ def backfill(name: Any, *, actor: Actor, reason: Any, plan: SchedulePlan) -> lis
             ).delete()
             run.save()
             made.append(run)
+        count_runs(row.name, [run.outcome for run in made])
         record_event(
             EventKind.SCHEDULE_BACKFILLED,
             task_id=None,
@@ -298,6 +307,7 @@ def run_now(name: Any, *, actor: Actor, reason: Any, request_id: Any = None) -> 
                 decided_by=actor_fields(actor)[0],
                 detail=reason,
             )
+            count_runs(row.name, [RunOutcome.RUN_NOW])
             record_event(
                 EventKind.SCHEDULE_RUN_NOW,
                 task_id=None,

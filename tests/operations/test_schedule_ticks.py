@@ -7,17 +7,19 @@ schedule removed from code stopping with its history kept."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.db import transaction
 
 from tasks_app import services
+from tasks_app.db.clock import db_now
 from tasks_app.engine.schedule_ticks import decide_slots, tick
 from tasks_app.engine.schedules import Missed, Schedule, slot_key
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import Event, EventKind, RunOutcome, ScheduleRun, StoredSchedule, Task
-from tasks_app.operations import schedule_sync
+from tasks_app.operations import retention, schedule_sync, schedules
 from tasks_app.operations.schedule_use import standing
 from tests.conftest import together
 from tests.schedule_support import at, registry_of, runs, store, task_at, tasks_of
@@ -241,3 +243,20 @@ def test_the_sync_command_checks_then_stores(db: None, capsys: pytest.CaptureFix
     assert "test.hourly: added" in out and "stored as code declares them" in out
     assert Task.objects.count() == 0
     assert sync_events()[-1][:3] == ("test.hourly", "added", "system:release")
+
+
+def test_runs_past_the_retention_are_pruned_and_a_backfill_cannot_reach_them(
+    db: None, settings: Any
+) -> None:
+    settings.RETENTION_DAYS = 2
+    now = db_now()
+    store(HOURLY, starting=now - timedelta(days=4))
+    tick(now)
+    assert retention.sweep_schedule_runs(500) > 0
+    oldest = ScheduleRun.objects.filter(schedule=HOURLY.name).earliest("slot").slot
+    assert now - timedelta(days=3, hours=1) <= oldest
+    with pytest.raises(InvalidInput) as refused:
+        schedules.plan_backfill(
+            HOURLY.name, since=now - timedelta(days=2, hours=1), until=now - timedelta(days=1)
+        )
+    assert (refused.value.field, refused.value.rule) == ("since", "retention")
