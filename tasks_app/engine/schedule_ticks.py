@@ -1,29 +1,33 @@
 """The tick: every active schedule whose next slot has come decides its slots up to now,
 enqueues those its policy runs and records the rest as missed (``engine.schedules``).
 
-Beat sends ``tasks_app.tasks.tick_schedules`` to the maintenance queue every
-``TASKS_SCHEDULE_SECONDS``, so the processes that already run (beat and the maintenance
-worker) do it. A slot is enqueued once however many ticks decide it: each schedule is
-decided under its row's lock (a second tick at the same moment skips it), its next slot
-moves in the same transaction as the enqueues, a slot's run row is unique, and the task's
-idempotency key ``schedule:<name>:<slot UTC>`` is the last line.
+It is a job of the sweeper (``tasks_app.apps`` registers :func:`sweep_job`): beat sends
+the sweep to the maintenance queue every ``TASKS_SWEEP_SECONDS`` and the maintenance worker
+runs it, so the processes that already run do it and none is added.
+
+A slot is enqueued once however many ticks decide it: each schedule is decided under its
+row's lock (a second tick at the same moment skips it), its next slot moves in the same
+transaction as the enqueues, a slot's run row is unique, and the task's idempotency key
+``schedule:<name>:<slot UTC>`` is the last line.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
 from tasks_app.engine.enqueueing import EnqueueResult, enqueue
 from tasks_app.engine.schedules import decide, slot_key, slot_text
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput
+from tasks_app.history import counting
 from tasks_app.models import RunOutcome, ScheduleRun, StoredSchedule
 
 logger = logging.getLogger(__name__)
@@ -39,6 +43,7 @@ class TickReport:
     missed: int = 0
     refused: int = 0
     schedules: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, int]:
         return {"enqueued": self.enqueued, "missed": self.missed, "refused": self.refused}
@@ -62,16 +67,24 @@ def tick(now: datetime | None = None, *, limit: int = 500) -> TickReport:
         .values_list("name", flat=True)
     )
     for name in list(due[:limit]):
-        with transaction.atomic():
-            row = (
-                StoredSchedule.objects.select_for_update(skip_locked=True)
-                .filter(name=name, removed_at__isnull=True, paused_at__isnull=True)
-                .filter(next_slot__lte=now)
-                .first()
-            )
-            if row is None:
-                continue  # another tick holds it, or decided it already
-            decide_slots(row, now, report)
+        try:
+            with transaction.atomic():
+                row = (
+                    StoredSchedule.objects.select_for_update(skip_locked=True)
+                    .filter(name=name, removed_at__isnull=True, paused_at__isnull=True)
+                    .filter(next_slot__lte=now)
+                    .first()
+                )
+                if row is None:
+                    continue  # another tick holds it, or decided it already
+                decide_slots(row, now, report)
+        except DatabaseError:
+            raise  # the database is gone: the sweep fails and says so
+        except Exception:
+            # One schedule that cannot be decided (a declaration this code cannot read)
+            # must not hold back the ones after it; it stays due, and late, for on-call.
+            logger.exception("schedule %s: its slots could not be decided", name)
+            report.failed.append(name)
     if report.schedules:
         logger.info(
             "schedules: %d enqueued, %d missed, %d refused (%s)",
@@ -108,10 +121,14 @@ def decide_slots(
         for slot in decision.missed[-MISSED_ROWS:]
     ]
     ScheduleRun.objects.bulk_create(runs, ignore_conflicts=True)
+    missed = len(decision.missed) + (1 if decision.uncounted else 0)
     row.next_slot = decision.next_slot
     row.last_tick_at = now
-    row.missed_total += len(decision.missed) + (1 if decision.uncounted else 0)
+    row.missed_total += missed
     row.save(update_fields=["next_slot", "last_tick_at", "missed_total"])
+    # Missed slots counted as missed_total counts them: their rows stop at MISSED_ROWS.
+    decided = [run.outcome for run in runs if run.outcome != RunOutcome.MISSED]
+    count_runs(row.name, decided + [RunOutcome.MISSED] * missed)
     if report is None:
         return
     report.schedules.append(row.name)
@@ -121,6 +138,12 @@ def decide_slots(
             report.enqueued += 1
         elif run.outcome == RunOutcome.REFUSED:
             report.refused += 1
+
+
+def count_runs(name: str, outcomes: Iterable[str]) -> None:
+    """Count runs of ``name`` by outcome for the metrics, once the transaction commits
+    (``counting.SCHEDULE_RUN``): counting the runs on each scrape would read them all."""
+    counting.add(collections.Counter(f"{counting.SCHEDULE_RUN}:{name}:{o}" for o in outcomes))
 
 
 def slot_payload(spec: Mapping[str, Any], slot: datetime) -> dict[str, Any]:

@@ -40,6 +40,9 @@ CLAIMED = "claimed"
 # Claims in which a limit held back a due step, per limit: "limit_refused:<limit>".
 LIMIT_REFUSED = "limit_refused"
 STEP_SECONDS = "step_seconds"
+# Slots each schedule decided, and its runs now, by outcome (models.RunOutcome):
+# "schedule_run:<schedule>:<outcome>". A backfilled slot counts again, as enqueued.
+SCHEDULE_RUN = "schedule_run"
 # Events of these kinds are counted as they are written ("event:<kind>"): the rare
 # transitions and the operator actions. All of them go through history.events.record_event
 # but one: the `cancelled` of a task whose cancel came while its step ran, which the hot

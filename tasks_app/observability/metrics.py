@@ -1,6 +1,6 @@
 """Prometheus metrics, read from the database so any web process reports the whole system.
 
-Three kinds of figures:
+Four kinds of figures:
 
 - **Now** (gauges): active tasks and dead steps, queue depth and lag, paused queues,
   workers, the sweeper's last run. Each is read from a partial index of active rows or a
@@ -8,6 +8,9 @@ Three kinds of figures:
 - **Limits** (``tasks_app.observability.limit_metrics``): per limit, its steps running and
   waiting, its numbers in effect, its keys at their limit, its refusals, and whether it
   is saturated.
+- **Schedules** (``tasks_app.observability.schedule_metrics``): per schedule, how late its
+  oldest undecided slot is, whether it is paused, its next and its newest enqueued slot,
+  its missed slots and its runs by outcome.
 - **Since the start** (counters, histograms): rows of the ``Counter`` table
   (``tasks_app.history.counting``), added to in the transaction of the change they count
   (enqueues, claims, the run time of steps that succeeded, the rare and operator events;
@@ -42,6 +45,7 @@ from tasks_app.history.counting import (
 )
 from tasks_app.models import Step, StepStatus, Task, TaskStatus
 from tasks_app.observability.limit_metrics import limit_metrics
+from tasks_app.observability.schedule_metrics import schedule_metrics
 from tasks_app.operations import selectors
 from tasks_app.operations.retention import PRUNED_COUNTER_PREFIX
 
@@ -191,11 +195,13 @@ def history(totals: Mapping[str, int]) -> Iterator[Metric]:
 
 class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        # The counters are read once per scrape, for the history and the limits alike.
+        # The counters are read once per scrape, for the history, the limits and the
+        # schedules alike.
         totals = counting.totals()
         yield from work_now()
         yield from history(totals)
         yield from limit_metrics(totals)
+        yield from schedule_metrics(totals)
         for part in list(_parts.values()):
             yield from part()
 

@@ -24,8 +24,8 @@ ALERTS = ROOT / "docs" / "alerts.yml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 UNIT_TESTS = ROOT / "tests" / "alerts_test.yml"
 
-# What /metrics exports (tasks_app.observability.metrics and limit_metrics), by type. A rule
-# reading any other name would never fire, silently.
+# What /metrics exports (tasks_app.observability.metrics, limit_metrics and schedule_metrics),
+# by type. A rule reading any other name would never fire, silently.
 GAUGES = {
     "tasks_tasks",
     "tasks_dead_steps",
@@ -49,6 +49,10 @@ GAUGES = {
     "tasks_limit_rate_period_seconds",
     "tasks_limit_rate_spent_units",
     "tasks_limit_saturated",
+    "tasks_schedule_overdue_seconds",
+    "tasks_schedule_paused",
+    "tasks_schedule_next_slot_timestamp_seconds",
+    "tasks_schedule_last_enqueued_timestamp_seconds",
 }
 COUNTERS = {
     "tasks_enqueued_total",
@@ -58,6 +62,8 @@ COUNTERS = {
     "tasks_events_total",
     "tasks_logins_slowed_total",
     "tasks_limit_refusals_total",
+    "tasks_schedule_missed_slots_total",
+    "tasks_schedule_runs_total",
 }
 HISTOGRAMS = {"tasks_step_duration_seconds", "tasks_approval_decision_seconds"}
 # Series Prometheus makes itself (`up` for every scrape) and the blackbox exporter's.

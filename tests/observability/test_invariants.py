@@ -181,13 +181,19 @@ def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[
     more = [*cancelled_while_running(), *leases_lost(), *decided(), *editors_at_work()]
     every = timeline.histories(Task.objects.values_list("pk", flat=True)).values()
     kinds = {entry.kind for entries in every for entry in entries}
-    # Every kind but the operator actions on a queue or a limit, which belong to no task.
+    # Every kind but the operator actions on a queue, a limit or a schedule, which belong
+    # to no task.
     assert kinds >= set(EventKind.values) - {
         EventKind.QUEUE_PAUSED,
         EventKind.QUEUE_RESUMED,
         EventKind.LIMIT_CHANGED,
         EventKind.LIMIT_KEY_PAUSED,
         EventKind.LIMIT_KEY_RESUMED,
+        EventKind.SCHEDULE_SYNCED,
+        EventKind.SCHEDULE_PAUSED,
+        EventKind.SCHEDULE_RESUMED,
+        EventKind.SCHEDULE_BACKFILLED,
+        EventKind.SCHEDULE_RUN_NOW,
     }
     return [
         *together, done, dead, redriven, resolved, cancelled, retrying, claimed, waiting,

@@ -260,3 +260,15 @@ def test_runs_past_the_retention_are_pruned_and_a_backfill_cannot_reach_them(
             HOURLY.name, since=now - timedelta(days=2, hours=1), until=now - timedelta(days=1)
         )
     assert (refused.value.field, refused.value.rule) == ("since", "retention")
+
+
+def test_a_schedule_that_cannot_be_decided_does_not_hold_back_the_others(db: None) -> None:
+    other = hourly(Missed.EACH)
+    store(HOURLY, other, starting=at("2026-03-29 01:00"))
+    # A declaration this code cannot read (stored by another version, say).
+    broken = StoredSchedule.objects.get(name=HOURLY.name)
+    StoredSchedule.objects.filter(name=HOURLY.name).update(spec={**broken.spec, "every": "x"})
+    report = tick(at("2026-03-29 01:00:05"))
+    assert report.failed == [HOURLY.name]
+    assert runs(other.name, RunOutcome.ENQUEUED) == ["01:00"]
+    assert StoredSchedule.objects.get(name=HOURLY.name).next_slot == at("2026-03-29 01:00")
