@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import F
+
 from tasks_app.db.clock import db_now
 from tasks_app.engine.schedules import Timing
 from tasks_app.models import RunOutcome, ScheduleRun, StoredSchedule, Task
@@ -113,5 +115,5 @@ def standing(row: StoredSchedule, now: datetime | None = None) -> Standing:
 def all_standing(now: datetime | None = None) -> list[Standing]:
     """Every stored schedule, removed ones last."""
     now = now or db_now()
-    rows = StoredSchedule.objects.order_by("removed_at", "name")
+    rows = StoredSchedule.objects.order_by(F("removed_at").asc(nulls_first=True), "name")
     return [standing(row, now) for row in rows]

@@ -32,7 +32,7 @@ from tasks_app.engine.schedule_ticks import count_runs, decide_slots, enqueue_sl
 from tasks_app.engine.schedules import KEY_PREFIX, Missed, Timing, decide, parse_slot, slot_text
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.history.events import record_event
-from tasks_app.models import Event, EventKind, RunOutcome, ScheduleRun, StoredSchedule
+from tasks_app.models import Event, EventKind, RunOutcome, ScheduleRun, StoredSchedule, Task
 
 PERMISSION = "manage_schedules"
 # The most slots one backfill enqueues: a wider range is refused, to be narrowed.
@@ -296,6 +296,11 @@ def run_now(name: Any, *, actor: Actor, reason: Any, request_id: Any = None) -> 
         row = _locked(name)
         now = db_now()
         key = f"{KEY_PREFIX}:{row.name}:now:{request_id}"
+        # The same request again (a second click, a retried form) finds its task; its
+        # payload holds the moment it ran, which a later enqueue's would not match.
+        earlier = Task.objects.filter(idempotency_key=key).first()
+        if earlier is not None:
+            return EnqueueResult(earlier, False)
         result = start(row.name, row.spec, now, actor=actor, key=key)
         if result.created:
             ScheduleRun.objects.create(
