@@ -11,6 +11,7 @@ from console import (
     record_views,
     review_views,
     rewind_views,
+    schedule_views,
     views,
     workflow_views,
 )
@@ -47,6 +48,14 @@ urlpatterns = [
     path("limits/<str:name>/reset/", limit_views.limit_reset, name="limit_reset"),
     path("limits/<str:name>/pause/", limit_views.limit_pause, name="limit_pause"),
     path("limits/<str:name>/resume/", limit_views.limit_resume, name="limit_resume"),
+    path("schedules/", schedule_views.schedule_list, name="schedules"),
+    path("schedules/<str:name>/", schedule_views.schedule_detail, name="schedule"),
+    path("schedules/<str:name>/pause/", schedule_views.schedule_pause, name="schedule_pause"),
+    path("schedules/<str:name>/resume/", schedule_views.schedule_resume, name="schedule_resume"),
+    path(
+        "schedules/<str:name>/backfill/", schedule_views.schedule_backfill, name="schedule_backfill"
+    ),
+    path("schedules/<str:name>/run-now/", schedule_views.schedule_run_now, name="schedule_run_now"),
     path("audit/", record_views.audit, name="audit"),
     path("audit/export.csv", record_views.audit_export, name="audit_export"),
     path("mail/", record_views.mail, name="mail"),

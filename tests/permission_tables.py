@@ -12,12 +12,15 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from tasks_app.models import LimitKey, QueueState, Task
+from tasks_app.models import LimitKey, QueueState, RunOutcome, ScheduleRun, Task
 from tests.limits_page_support import CUSTOMERS
+from tests.schedules_page_support import HOURLY, iso, missed_for, paused_for, plan_of, store
 
 # The limit the limit actions act on: the world registers its workflow
 # (``tests.limits_page_support.limited_flow``).
 LIMIT = CUSTOMERS.name
+# The schedule the schedule actions act on, stored before each (``prepare``).
+SCHEDULE = HOURLY.name
 
 # Page by role: status. Reading needs ``view_task`` (every group has it); the approvals
 # pages need ``view_approvalrequest`` (editors); the audit log and its export need the
@@ -33,24 +36,29 @@ approvals     200     403     403      200    403
 review        200     403     403      200    403
 queues        200     200     200      200    403
 limits        200     200     200      200    403
+schedules     200     200     200      200    403
 audit         403     403     200      200    403
 audit_export  403     403     200      200    403
 """
 
 # Action by role: "done" or 403.
 ACTION_MATRIX = """
-action        editor  oncall  auditor  admin  outsider
-redrive       403     done    403      done   403
-resolve       403     done    403      done   403
-cancel        403     done    403      done   403
-bulk          403     done    403      done   403
-pause         403     done    403      done   403
-resume        403     done    403      done   403
-limit_change  403     done    403      done   403
-limit_reset   403     done    403      done   403
-limit_pause   403     done    403      done   403
-limit_resume  403     done    403      done   403
-decide        done    403     403      done   403
+action             editor  oncall  auditor  admin  outsider
+redrive            403     done    403      done   403
+resolve            403     done    403      done   403
+cancel             403     done    403      done   403
+bulk               403     done    403      done   403
+pause              403     done    403      done   403
+resume             403     done    403      done   403
+limit_change       403     done    403      done   403
+limit_reset        403     done    403      done   403
+limit_pause        403     done    403      done   403
+limit_resume       403     done    403      done   403
+schedule_pause     403     done    403      done   403
+schedule_resume    403     done    403      done   403
+schedule_backfill  403     done    403      done   403
+schedule_run_now   403     done    403      done   403
+decide             done    403     403      done   403
 """
 
 
@@ -77,6 +85,7 @@ def page_url(page: str, world: dict[str, Any]) -> str:
         "review": f"/approvals/{world['review'].pk}/",
         "queues": "/queues/",
         "limits": "/limits/",
+        "schedules": "/schedules/",
         "audit": "/audit/",
         "audit_export": "/audit/export.csv",
     }[page]
@@ -100,6 +109,16 @@ def action_request(action: str, world: dict[str, Any]) -> tuple[str, dict[str, s
         "limit_reset": (f"/limits/{LIMIT}/reset/", {"reason": "quota back"}),
         "limit_pause": (f"/limits/{LIMIT}/pause/", {"key": "acme", "reason": "acme asked"}),
         "limit_resume": (f"/limits/{LIMIT}/resume/", {"key": "acme", "reason": "acme is ready"}),
+        "schedule_pause": (f"/schedules/{SCHEDULE}/pause/", {"reason": "warehouse down"}),
+        "schedule_resume": (f"/schedules/{SCHEDULE}/resume/", {"reason": "warehouse back"}),
+        "schedule_backfill": (
+            f"/schedules/{SCHEDULE}/backfill/",
+            {"reason": "catch up", **missed_range()},
+        ),
+        "schedule_run_now": (
+            f"/schedules/{SCHEDULE}/run-now/",
+            {"reason": "needed now", "request_id": "permission-table"},
+        ),
         "decide": (
             f"/approvals/{review.pk}/decide/",
             {"decision": "approve", "comment": "", "draft_hash": review.draft_hash},
@@ -107,8 +126,26 @@ def action_request(action: str, world: dict[str, Any]) -> tuple[str, dict[str, s
     }[action]
 
 
+def missed_range() -> dict[str, str]:
+    """The range of the schedule's missed slots, for its backfill (none before ``prepare``)."""
+    missed = list(
+        ScheduleRun.objects.filter(schedule=SCHEDULE, outcome=RunOutcome.MISSED)
+        .order_by("slot")
+        .values_list("slot", flat=True)
+    )
+    return {"since": iso(missed[0]), "until": iso(missed[-1])} if missed else {}
+
+
 def prepare(action: str) -> None:
-    """What an action needs to find before it is taken: a paused queue or key to resume."""
+    """What an action needs to find before it is taken: a paused queue or key to resume; a
+    stored schedule, paused with slots waiting to resume it, or with missed slots to
+    backfill."""
+    if action.startswith("schedule_"):
+        store(HOURLY)
+    if action == "schedule_resume":
+        paused_for(SCHEDULE, 2)
+    if action == "schedule_backfill":
+        missed_for(SCHEDULE, 2)
     if action == "resume":
         QueueState.objects.create(name="default", paused=True, changed_by="cli:x", reason="x")
     if action == "limit_resume":
@@ -118,10 +155,16 @@ def prepare(action: str) -> None:
 
 
 def post_action(client: Client, action: str, world: dict[str, Any]) -> Any:
-    """Take the action as its page does: a bulk action confirms the plan its preview made,
-    a limit's change the numbers its preview saw (a role refused the preview confirms
-    without them, and is refused again)."""
+    """Take the action as its page does: a bulk action, a schedule's resume or backfill
+    confirms the plan its preview made, a limit's change the numbers its preview saw (a
+    role refused the preview confirms without them, and is refused again; a schedule's
+    refused preview is the answer)."""
     url, data = action_request(action, world)
+    if action in ("schedule_resume", "schedule_backfill"):
+        previewed = client.post(url, data)
+        if previewed.status_code != 200:
+            return previewed
+        return client.post(url, {**data, "plan": plan_of(previewed), "confirm": "1"})
     if action in ("bulk", "limit_change"):
         preview = client.post(url, {**data, "confirm": ""}).content.decode()
         field = "plan" if action == "bulk" else "seen"

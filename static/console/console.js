@@ -120,3 +120,27 @@ document.addEventListener("htmx:afterSwap", (event) => labelTables(event.detail.
 document.addEventListener("htmx:load", (event) => labelTables(event.detail.elt));
 // A region an action's answer carries out of band (its target is the element swapped in).
 document.addEventListener("htmx:oobAfterSwap", (event) => labelTables(event.target));
+
+// The Schedules pages show times in the reader's time zone: the browser names it in the
+// ``tz`` cookie, which the server checks against its own zone list
+// (console.schedule_zones). A page read by GET that showed another zone (data-time-zone)
+// is loaded once more with it; the cookie then matches, so it is never loaded twice.
+function rememberTimeZone() {
+  let zone = "";
+  try {
+    zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "";
+  } catch (error) {
+    return;
+  }
+  if (!/^[A-Za-z0-9_+\-/]{1,64}$/.test(zone)) return;
+  const cookie = `tz=${zone}`;
+  if (document.cookie.split("; ").includes(cookie)) return;
+  const secure = window.location.protocol === "https:" ? "; Secure" : "";
+  document.cookie = `${cookie}; path=/; max-age=31536000; SameSite=Lax${secure}`;
+  const shown = document.querySelector("[data-time-zone]");
+  if (shown && shown.dataset.timeZone !== zone && document.cookie.split("; ").includes(cookie)) {
+    window.location.reload();
+  }
+}
+
+rememberTimeZone();
