@@ -15,7 +15,7 @@ from django import forms
 
 from console.schedule_forms import MODE_WORDS, ConfirmForm, fresh_forms
 from console.schedule_zones import Moment, ViewerZone, local_input, moment
-from tasks_app.engine.schedules import Missed, parse_slot
+from tasks_app.engine.schedules import Missed, parse_slot, tolerance_of
 from tasks_app.models import RunOutcome
 from tasks_app.operations.durations import short_duration
 from tasks_app.operations.schedule_sync import Change
@@ -50,7 +50,7 @@ def policy_words(spec: dict[str, Any]) -> str:
         words = f"each missed slot runs, at most the newest {spec.get('max_missed')}"
     else:
         words = "missed slots are recorded, not run"
-    tolerance = float(spec.get("tolerance") or 0)
+    tolerance = tolerance_of(spec).total_seconds()
     late = f"more than {describe_seconds(tolerance)} " if tolerance else ""
     return f"{policy}: {words}; a slot counts as missed when a tick finds it {late}past its time"
 

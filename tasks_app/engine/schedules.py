@@ -60,6 +60,16 @@ def slot_key(name: str, slot: datetime) -> str:
     return f"{KEY_PREFIX}:{name}:{slot_text(slot)}"
 
 
+def run_now_key(name: str, request_id: str) -> str:
+    """The key of a run outside the slots, one per request (``operations.schedules``)."""
+    return f"{KEY_PREFIX}:{name}:now:{request_id}"
+
+
+def tolerance_of(spec: Mapping[str, Any]) -> timedelta:
+    """How late past its time a slot may be decided and still run as on time."""
+    return timedelta(seconds=float(spec.get("tolerance") or 0))
+
+
 def parse_slot(value: str) -> datetime:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
@@ -222,7 +232,7 @@ def decide(spec: Mapping[str, Any], start: datetime, now: datetime) -> Decision:
     timing = Timing.of(spec)
     slots = timing.between(start, now)
     uncounted = len(slots) >= SCAN_LIMIT
-    tolerance = timedelta(seconds=float(spec.get("tolerance") or 0))
+    tolerance = tolerance_of(spec)
     on_time = [slot for slot in slots if now - slot <= tolerance]
     late = [slot for slot in slots if now - slot > tolerance]
     policy = spec.get("missed")

@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import F
 
 from tasks_app.db.clock import db_now
-from tasks_app.engine.schedules import Timing
+from tasks_app.engine.schedules import Timing, tolerance_of
 from tasks_app.models import RunOutcome, ScheduleRun, StoredSchedule, Task
 
 NEXT_RUNS = 5
@@ -72,8 +72,7 @@ def overdue_of(row: StoredSchedule, now: datetime) -> timedelta:
     active schedule's: a paused one waits on purpose)."""
     if not row.active:
         return timedelta(0)
-    tolerance = timedelta(seconds=float(row.spec.get("tolerance") or 0))
-    return max(now - row.next_slot - tolerance, timedelta(0))
+    return max(now - row.next_slot - tolerance_of(row.spec), timedelta(0))
 
 
 def standing(row: StoredSchedule, now: datetime | None = None) -> Standing:

@@ -29,7 +29,14 @@ from tasks_app.access import Actor, actor_fields, check_permission
 from tasks_app.db.clock import db_now
 from tasks_app.engine.enqueueing import EnqueueResult
 from tasks_app.engine.schedule_ticks import count_runs, decide_slots, enqueue_slot, runs_of, start
-from tasks_app.engine.schedules import KEY_PREFIX, Missed, Timing, decide, parse_slot, slot_text
+from tasks_app.engine.schedules import (
+    Missed,
+    Timing,
+    decide,
+    parse_slot,
+    run_now_key,
+    slot_text,
+)
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.history.events import record_event
 from tasks_app.models import Event, EventKind, RunOutcome, ScheduleRun, StoredSchedule, Task
@@ -295,7 +302,7 @@ def run_now(name: Any, *, actor: Actor, reason: Any, request_id: Any = None) -> 
     with transaction.atomic():
         row = _locked(name)
         now = db_now()
-        key = f"{KEY_PREFIX}:{row.name}:now:{request_id}"
+        key = run_now_key(row.name, request_id)
         # The same request again (a second click, a retried form) finds its task; its
         # payload holds the moment it ran, which a later enqueue's would not match.
         earlier = Task.objects.filter(idempotency_key=key).first()
