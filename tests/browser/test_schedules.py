@@ -59,12 +59,6 @@ PAGE = f"/schedules/{NAME}/"
 
 
 @pytest.fixture
-def oncall_here(oncall: User) -> User:
-    """On-call, with the permission to act on schedules the flush took from the group."""
-    return oncall
-
-
-@pytest.fixture
 def schedules_stored(db: None) -> Iterator[None]:
     with declared(HOURLY, NIGHTLY, QUARTERLY):
         yield
@@ -82,6 +76,9 @@ def watched(browser: Browser, live_server: Any) -> Iterator[Page]:
     said: list[str] = []
 
     def record(message: ConsoleMessage) -> None:
+        refusal = REFUSAL_LOG.search(message.text)
+        if refusal and int(refusal[1]) in EXPECTED_REFUSALS.get(id(page), ()):
+            return  # the browser's own line for a refusal the test asked for
         said.append(f"{page.url}: console {message.type}: {message.text}")
 
     page.on("console", record)
@@ -92,7 +89,17 @@ def watched(browser: Browser, live_server: Any) -> Iterator[Page]:
         assert not page.evaluate("window.__csp || []"), page.evaluate("window.__csp")
         assert not said, "\n".join(said)
     finally:
+        EXPECTED_REFUSALS.pop(id(page), None)
         context.close()
+
+
+# The browser logs every answer of 4xx; a test that provokes one says so (expect_refusal).
+REFUSAL_LOG = re.compile(r"the server responded with a status of (\d{3})")
+EXPECTED_REFUSALS: dict[int, set[int]] = {}
+
+
+def expect_refusal(page: Page, status: int) -> None:
+    EXPECTED_REFUSALS.setdefault(id(page), set()).add(status)
 
 
 def shoot(page: Page, name: str) -> None:
@@ -128,10 +135,10 @@ def open_schedule(page: Page) -> Locator:
 
 
 def test_a_page_shown_in_another_zone_is_shown_again_in_the_browsers(
-    watched: Page, oncall_here: User, schedules_stored: None
+    watched: Page, oncall: User, schedules_stored: None
 ) -> None:
     page = watched
-    log_in(page, oncall_here)
+    log_in(page, oncall)
     # The cookie names another zone (the browser moved): the page comes in UTC, and its
     # script names Berlin and loads it again, once.
     page.context.add_cookies([{"name": "tz", "value": "UTC", "url": page.url}])
@@ -147,10 +154,10 @@ def test_a_page_shown_in_another_zone_is_shown_again_in_the_browsers(
 
 
 def test_oncall_pauses_a_schedule_with_a_reason(
-    watched: Page, oncall_here: User, schedules_stored: None
+    watched: Page, oncall: User, schedules_stored: None
 ) -> None:
     page = watched
-    log_in(page, oncall_here)
+    log_in(page, oncall)
     card = open_schedule(page)
 
     pause = form_with(card, "Pause")
@@ -159,22 +166,22 @@ def test_oncall_pauses_a_schedule_with_a_reason(
 
     expect(card).to_contain_text(f"Schedule {NAME} paused: none of its slots is enqueued now.")
     expect(card.locator(".state-line .badge")).to_have_text("paused")
-    expect(card.locator(".state-note")).to_contain_text(f"Paused by {oncall_here.username}")
+    expect(card.locator(".state-note")).to_contain_text(f"Paused by {oncall.username}")
     expect(card.locator(".state-note")).to_contain_text("“The warehouse is migrating”")
     expect(card.get_by_role("button", name="Preview the resume")).to_be_visible()
     row = StoredSchedule.objects.get(name=NAME)
     assert (row.paused_by, row.paused_reason) == (
-        oncall_here.username,
+        oncall.username,
         "The warehouse is migrating",
     )
 
 
 def test_oncall_resumes_a_paused_schedule_after_its_preview_lists_the_missed_slots(
-    watched: Page, oncall_here: User, schedules_stored: None
+    watched: Page, oncall: User, schedules_stored: None
 ) -> None:
     paused = paused_for(NAME, 3, reason="Warehouse migration")
     page = watched
-    log_in(page, oncall_here)
+    log_in(page, oncall)
     card = open_schedule(page)
     waiting = card.locator("section.waiting li")
     expect(waiting).to_have_count(3)
@@ -215,12 +222,39 @@ def test_oncall_resumes_a_paused_schedule_after_its_preview_lists_the_missed_slo
     expect(page.locator("h1")).to_contain_text(f"#{made[0].task_id}")
 
 
+def test_a_resume_confirmed_after_someone_else_resumed_says_nothing_changed(
+    watched: Page, oncall: User, schedules_stored: None
+) -> None:
+    paused_for(NAME, 2, reason="Warehouse migration")
+    page = watched
+    log_in(page, oncall)
+    card = open_schedule(page)
+    resume = form_with(card, "Preview the resume")
+    resume.get_by_label("Reason").fill("The warehouse is back")
+    resume.get_by_role("button", name="Preview the resume").click()
+    expect(card.locator(".preview")).to_contain_text("Nothing has changed yet.")
+
+    # Meanwhile a colleague resumes it from a shell, skipping the missed slots.
+    plan = schedule_actions.plan_resume(NAME, mode="skip")
+    schedule_actions.resume(NAME, actor="cli:colleague", reason="back", plan=plan)
+    tasks_before = Task.objects.count()
+
+    expect_refusal(page, 409)
+    card.get_by_role("button", name=re.compile(r"^Resume")).click()
+
+    expect(card).to_contain_text("Nothing changed:")
+    expect(card).to_contain_text("preview again")
+    expect(card.locator(".state-line .badge")).to_have_text("active")
+    assert Task.objects.count() == tasks_before
+    assert Event.objects.filter(kind=EventKind.SCHEDULE_RESUMED).count() == 1
+
+
 def test_oncall_backfills_a_range_of_missed_slots_typed_in_local_time(
-    watched: Page, oncall_here: User, schedules_stored: None
+    watched: Page, oncall: User, schedules_stored: None
 ) -> None:
     missed = missed_for(NAME, 3)
     page = watched
-    log_in(page, oncall_here)
+    log_in(page, oncall)
     card = open_schedule(page)
     expect(card.locator("section.missed li")).to_have_count(3)
 
@@ -250,14 +284,14 @@ def test_oncall_backfills_a_range_of_missed_slots_typed_in_local_time(
     # The oldest stays missed.
     expect(card.locator("section.missed li")).to_have_count(1)
     event = Event.objects.get(kind=EventKind.SCHEDULE_BACKFILLED)
-    assert (event.actor, event.reason) == (oncall_here.username, "The missed syncs are needed")
+    assert (event.actor, event.reason) == (oncall.username, "The missed syncs are needed")
 
 
 def test_oncall_runs_a_schedule_now_and_follows_the_link_to_its_task(
-    watched: Page, oncall_here: User, schedules_stored: None
+    watched: Page, oncall: User, schedules_stored: None
 ) -> None:
     page = watched
-    log_in(page, oncall_here)
+    log_in(page, oncall)
     card = open_schedule(page)
 
     run = form_with(card, "Run now")
@@ -275,7 +309,7 @@ def test_oncall_runs_a_schedule_now_and_follows_the_link_to_its_task(
 
 
 def test_the_schedules_page_reads_well_and_passes_its_checks(
-    watched: Page, oncall_here: User, db: None
+    watched: Page, oncall: User, db: None
 ) -> None:
     """Each state on one page (active, late, paused with slots waiting, removed with its
     history), as a screenshot for the docs; no serious accessibility violation on it or on a
@@ -284,12 +318,12 @@ def test_the_schedules_page_reads_well_and_passes_its_checks(
     schedule_actions.run_now("page.retired", actor="cli:deploy", reason="last run")
     with declared(HOURLY, NIGHTLY, QUARTERLY):
         missed_for(QUARTERLY.name, 1)
-        schedule_actions.run_now(QUARTERLY.name, actor=oncall_here, reason="check the feed")
-        paused_for(NAME, 2, reason="Warehouse migration", actor=oncall_here)
+        schedule_actions.run_now(QUARTERLY.name, actor=oncall, reason="check the feed")
+        paused_for(NAME, 2, reason="Warehouse migration", actor=oncall)
         # The nightly one's slot came a day ago and no tick decided it: late.
         backdate(NIGHTLY.name, timedelta(days=1))
         page = watched
-        log_in(page, oncall_here)
+        log_in(page, oncall)
         page.goto("/schedules/")
         expect(page.locator('[id="schedule-page.retired"] .badge').first).to_have_text("removed")
         shoot(page, "schedules")
