@@ -51,6 +51,20 @@ CONSOLE_PAGE_SIZE = env_int("CONSOLE_PAGE_SIZE", 50)
 # past it, 429 with Retry-After until the minute ends (console/throttle.py). 0: no limit.
 CONSOLE_READS_PER_MINUTE = env_int("CONSOLE_READS_PER_MINUTE", 300, minimum=0)
 
+# --- programs: the API (api/), its tokens, and traces ------------------------------------
+
+# The longest a token may be made valid for, in days.
+API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 365)
+# Each token's calls a minute, counted in the cache; past it, 429 with Retry-After. 0: no limit.
+API_REQUESTS_PER_MINUTE = env_int("API_REQUESTS_PER_MINUTE", 120, minimum=0)
+# How long a program's plan waits for a signature before it can no longer be applied.
+API_PLAN_HOURS = env_int("API_PLAN_HOURS", 72)
+# Traces (tasks_app.observability.tracing): off unless on; sent by OTLP over HTTP to
+# OTEL_EXPORTER_OTLP_ENDPOINT when that is set. The task page links to its trace with
+# TASKS_TRACE_URL, a template with {trace_id} (e.g. https://jaeger.example/trace/{trace_id}).
+TASKS_TRACING = env_bool("TASKS_TRACING", False)
+TASKS_TRACE_URL = env_str("TASKS_TRACE_URL")
+
 # --- mail: the approvals' notices (approvals.notices) ----------------------------------
 
 # The review links in mail: the console's address as its readers reach it.

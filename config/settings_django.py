@@ -53,9 +53,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "axes",
     "django_htmx",
+    # Its Swagger page's scripts and styles, served from here rather than a CDN.
+    "ninja",
     "tasks_app",
     "approvals",
     "console",
+    "api",
 ]
 
 MIDDLEWARE = [

@@ -24,6 +24,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     # or a command, never by mail (README, Logins: how a password is reset).
     path("accounts/login/", logins.login, name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("api/v1/", include("api.urls")),
     path("", include("console.urls")),
 ]
 

@@ -62,21 +62,27 @@ class ReadLimitMiddleware:
             or not user.is_authenticated
         ):
             return None
-        now = clock()
-        window = int(now // WINDOW_SECONDS)
-        key = f"console:reads:{user.pk}:{window}"
         try:
-            cache.add(key, 0, timeout=2 * WINDOW_SECONDS)
-            count = cache.incr(key)
+            wait = minute_wait(f"console:reads:{user.pk}", limit)
         except Exception:
             if not self.cache_down:
                 logger.warning("the read limit is off: the cache cannot be reached", exc_info=True)
             self.cache_down = True
             return None
         self.cache_down = False
-        if count <= limit:
-            return None
-        return max(math.ceil((window + 1) * WINDOW_SECONDS - now), 1)
+        return wait
+
+
+def minute_wait(scope: str, limit: int) -> int | None:
+    """Count one more use of ``scope`` in this clock minute: None while the count is at most
+    ``limit``, else the seconds to the next minute. Raises what the cache raises."""
+    now = clock()
+    window = int(now // WINDOW_SECONDS)
+    key = f"{scope}:{window}"
+    cache.add(key, 0, timeout=2 * WINDOW_SECONDS)
+    if cache.incr(key) <= limit:
+        return None
+    return max(math.ceil((window + 1) * WINDOW_SECONDS - now), 1)
 
 
 def too_many_reads(request: HttpRequest, retry_after: int) -> HttpResponse:

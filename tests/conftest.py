@@ -51,6 +51,9 @@ def ensure_groups() -> None:
     if not Group.objects.filter(name="oncall", permissions__codename="manage_schedules").exists():
         schedules = importlib.import_module("tasks_app.migrations.0028_schedules")
         schedules.give_permission(django_apps, None)
+    if not Group.objects.filter(name="producers").exists():
+        programs = importlib.import_module("tasks_app.migrations.0029_programs")
+        programs.create_producers(django_apps, None)
     editors = importlib.import_module("approvals.migrations.0002_editors_group")
     for name in ("editors", "senior_editors"):
         if not Group.objects.filter(name=name).exists():

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("tasks_app", "approvals", "console", "config")
+PACKAGES = ("tasks_app", "approvals", "console", "api", "config")
 # A module longer than this wants splitting along one of its seams (STYLE.md: a module
 # holds one concern and stays short enough to read in one sitting).
 MOST_LINES = 400

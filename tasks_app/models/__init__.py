@@ -26,6 +26,7 @@ from tasks_app.models.events import (
     EventQuerySet,
 )
 from tasks_app.models.limits import LimitKey, LimitState
+from tasks_app.models.programs import ApiToken, AutoApply, PlanStatus, ProposedPlan
 from tasks_app.models.schedules import RunOutcome, ScheduleRun, StoredSchedule
 from tasks_app.models.statuses import (
     ACTIVE_TASK_STATUSES,
@@ -50,6 +51,10 @@ from tasks_app.models.work import (
 )
 
 __all__ = [
+    "ApiToken",
+    "AutoApply",
+    "PlanStatus",
+    "ProposedPlan",
     "ACTIVE_TASK_STATUSES",
     "AWAITING_VERSION_Q",
     "FINAL_STEP_STATUSES",

@@ -56,6 +56,14 @@ class EventKind(models.TextChoices):
     SCHEDULE_RESUMED = "schedule_resumed", "Schedule resumed"
     SCHEDULE_BACKFILLED = "schedule_backfilled", "Schedule backfilled"
     SCHEDULE_RUN_NOW = "schedule_run_now", "Schedule run now"
+    # Programs (tasks_app.operations.tokens, .proposals): a person's API token made or
+    # revoked, and a plan a program proposed, applied (by a person, or by its token where
+    # the token may) or declined.
+    TOKEN_CREATED = "token_created", "API token created"
+    TOKEN_REVOKED = "token_revoked", "API token revoked"
+    PLAN_PROPOSED = "plan_proposed", "Plan proposed"
+    PLAN_APPLIED = "plan_applied", "Plan applied"
+    PLAN_DECLINED = "plan_declined", "Plan declined"
 
 
 # Operator actions: kept for the longer audit retention.
@@ -81,6 +89,11 @@ OPERATOR_EVENT_KINDS = frozenset(
         EventKind.SCHEDULE_RESUMED,
         EventKind.SCHEDULE_BACKFILLED,
         EventKind.SCHEDULE_RUN_NOW,
+        EventKind.TOKEN_CREATED,
+        EventKind.TOKEN_REVOKED,
+        EventKind.PLAN_PROPOSED,
+        EventKind.PLAN_APPLIED,
+        EventKind.PLAN_DECLINED,
     }
 )
 

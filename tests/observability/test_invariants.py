@@ -181,8 +181,8 @@ def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[
     more = [*cancelled_while_running(), *leases_lost(), *decided(), *editors_at_work()]
     every = timeline.histories(Task.objects.values_list("pk", flat=True)).values()
     kinds = {entry.kind for entries in every for entry in entries}
-    # Every kind but the operator actions on a queue, a limit or a schedule, which belong
-    # to no task.
+    # Every kind but the operator actions on a queue, a limit, a schedule, a token or a
+    # program's plan, which belong to no task.
     assert kinds >= set(EventKind.values) - {
         EventKind.QUEUE_PAUSED,
         EventKind.QUEUE_RESUMED,
@@ -194,6 +194,11 @@ def a_bit_of_everything(remotes: tuple[LoopbackRemote, LoopbackRemote]) -> list[
         EventKind.SCHEDULE_RESUMED,
         EventKind.SCHEDULE_BACKFILLED,
         EventKind.SCHEDULE_RUN_NOW,
+        EventKind.TOKEN_CREATED,
+        EventKind.TOKEN_REVOKED,
+        EventKind.PLAN_PROPOSED,
+        EventKind.PLAN_APPLIED,
+        EventKind.PLAN_DECLINED,
     }
     return [
         *together, done, dead, redriven, resolved, cancelled, retrying, claimed, waiting,

@@ -12,7 +12,8 @@ From the bottom:
 6. ``operations``: what people do to tasks and how it is read, and the services façade;
 7. the ways in and out: admin, ``django.tasks``, Celery, commands, observability, the demo;
 8. ``approvals``, which builds on all of the core and registers itself with it;
-9. the console's pages; 10. ``config``, which wires them.
+9. the console's pages; 10. the API for programs, which reads the console's filters;
+11. ``config``, which wires them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("approvals",),
     ("console",),
+    ("api",),
     ("config",),
 )
 

@@ -1,0 +1,34 @@
+"""The console for programs: ``/api/v1/``, served by django-ninja with its OpenAPI
+document at ``/api/v1/openapi.json`` (and a page to read it, for a signed-in person, at
+``/api/v1/docs``). Every call needs a token (``api.auth``); what it may read or do is what
+the token's actor may (``api.access``), through the same services and selectors the
+console and ``manage.py`` use."""
+
+from __future__ import annotations
+
+from ninja import NinjaAPI
+
+from api import errors
+from api.auth import TokenAuth, TokenThrottle
+
+api = NinjaAPI(
+    title="Task console API",
+    version="1",
+    description=(
+        "Read tasks, dead letters, queues, approvals, the audit log and per-workflow figures; "
+        "enqueue; propose plans that a person signs in the console."
+    ),
+    auth=TokenAuth(),
+    throttle=TokenThrottle(),
+    urls_namespace="api",
+)
+errors.install(api)
+
+
+def _routes() -> None:
+    from api import tasks_routes
+
+    api.add_router("/tasks", tasks_routes.router)
+
+
+_routes()

@@ -1,0 +1,1 @@
+"""``api``: the JSON API for programs, its tokens, plans and schema."""
