@@ -14,7 +14,7 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
-from ninja.errors import AuthenticationError, Throttled, ValidationError
+from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 
 from console.errors import DATABASE_UNAVAILABLE, RETRY_AFTER_SECONDS, log_refusal
 from tasks_app.exceptions import IdempotencyConflict, InvalidInput, InvalidTransition
@@ -61,9 +61,24 @@ def install(api: NinjaAPI) -> None:
             api, request, 400, "invalid_input", f"{field}: {message}", field=field, rule=rule
         )
 
+    def unreadable(request: HttpRequest, exc: Any) -> HttpResponse:
+        # ninja's own refusal of a body it cannot parse (400), with the parser's reason.
+        why = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+        if exc.status_code != 400:
+            return problem(api, request, exc.status_code, "not_possible", str(exc))
+        return problem(
+            api,
+            request,
+            400,
+            "invalid_input",
+            f"body: must be a JSON object{why}",
+            field="body",
+            rule="json",
+        )
+
     def not_permitted(request: HttpRequest, exc: Any) -> HttpResponse:
         detail = str(exc) or "this token may not do this"
-        log_refusal(request, detail)
+        log_refusal(request, detail, by_method=True)
         return problem(api, request, 403, "not_permitted", f"Not permitted: {detail}.")
 
     def not_found(request: HttpRequest, exc: Any) -> HttpResponse:
@@ -114,6 +129,7 @@ def install(api: NinjaAPI) -> None:
 
     api.add_exception_handler(InvalidInput, invalid_input)
     api.add_exception_handler(ValidationError, invalid_request)
+    api.add_exception_handler(HttpError, unreadable)
     api.add_exception_handler(PermissionDenied, not_permitted)
     api.add_exception_handler(Http404, not_found)
     api.add_exception_handler(ObjectDoesNotExist, not_found)

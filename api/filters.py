@@ -15,13 +15,20 @@ from tasks_app.exceptions import InvalidInput
 def read[F: Form](request: HttpRequest, form_class: type[F]) -> F:
     """``form_class`` bound to the call's query string, valid, or the first field it
     refuses as an :class:`InvalidInput`."""
-    form = form_class(request.GET)
+    return checked(form_class(request.GET))
+
+
+def checked[F: Form](form: F, prefix: str = "") -> F:
+    """``form``, valid, or the first field it refuses as an :class:`InvalidInput` (named
+    ``<prefix>.<field>`` for a form read from part of a JSON body)."""
     if not form.is_valid():
         field, messages = next(iter(form.errors.items()))
         message = str(messages[0])
         name = "query" if field == "__all__" else field
-        text = message if message.startswith(f"{name}:") else f"{name}: {message}"
-        raise InvalidInput(name, "invalid", text)
+        if message.startswith(f"{name}:"):
+            message = message.removeprefix(f"{name}:").strip()
+        name = f"{prefix}.{name}" if prefix else name
+        raise InvalidInput(name, "invalid", f"{name}: {message}")
     return form
 
 

@@ -26,9 +26,23 @@ errors.install(api)
 
 
 def _routes() -> None:
-    from api import tasks_routes
+    from api import (
+        approval_routes,
+        audit_routes,
+        dead_routes,
+        plans_routes,
+        queue_routes,
+        tasks_routes,
+        workflow_routes,
+    )
 
     api.add_router("/tasks", tasks_routes.router)
+    api.add_router("/plans", plans_routes.router)
+    api.add_router("/dead", dead_routes.router)
+    api.add_router("/queues", queue_routes.router)
+    api.add_router("/approvals", approval_routes.router)
+    api.add_router("/audit", audit_routes.router)
+    api.add_router("/workflows", workflow_routes.router)
 
 
 _routes()

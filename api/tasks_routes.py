@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 
 from api import access, filters
 from api.errors import problems
@@ -62,6 +62,7 @@ def task_list(request: HttpRequest, query: Query[TaskQuery]) -> dict[str, Any]:
 )
 def task_detail(request: HttpRequest, task_id: int) -> TaskDetailOut:
     access.require(request, access.VIEW_TASKS)
+    filters.known(request, set())
     task = get_object_or_404(Task.objects.with_live_status(), pk=task_id)
     return detail_of(task)
 
@@ -71,8 +72,9 @@ def task_detail(request: HttpRequest, task_id: int) -> TaskDetailOut:
     response={200: EnqueueOut, 201: EnqueueOut, **problems(409)},
     summary="Enqueue a task (201), or find the one its idempotency key made (200)",
 )
-def enqueue(request: HttpRequest, body: EnqueueIn) -> tuple[int, EnqueueOut]:
+def enqueue(request: HttpRequest, body: EnqueueIn) -> Status[EnqueueOut]:
     access.require(request, access.ADD_TASKS)
+    filters.known(request, set())
     result = services.enqueue(
         body.workflow,
         body.payload,
@@ -83,8 +85,8 @@ def enqueue(request: HttpRequest, body: EnqueueIn) -> tuple[int, EnqueueOut]:
         actor=request.user,
     )
     task = Task.objects.with_live_status().get(pk=result.task.pk)
-    return (201 if result.created else 200), EnqueueOut(
-        created=result.created, task=TaskOut.of(task)
+    return Status(
+        201 if result.created else 200, EnqueueOut(created=result.created, task=TaskOut.of(task))
     )
 
 

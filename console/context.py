@@ -21,6 +21,10 @@ SECTIONS = {
     "dead": "dead",
     "dead_bulk": "dead",
     "dead_groups": "dead",
+    "plans": "plans",
+    "plan": "plans",
+    "plan_apply": "plans",
+    "plan_decline": "plans",
     "approvals": "approvals",
     "review": "approvals",
     "decide": "approvals",
@@ -42,6 +46,9 @@ SECTIONS = {
     "workflow": "workflows",
     "workflow_causes": "workflows",
     "mail": "mail",
+    "tokens": "tokens",
+    "token_create": "tokens",
+    "token_revoke": "tokens",
 }
 
 

@@ -86,15 +86,22 @@ def form_field(form: Any, exc: InvalidInput) -> str | None:
     return None
 
 
-def log_refusal(request: HttpRequest, reason: str, *, status: int = 403) -> None:
-    """One warning line per refused write: who tried what, on which object, and why."""
+def log_refusal(
+    request: HttpRequest, reason: str, *, status: int = 403, by_method: bool = False
+) -> None:
+    """One warning line per refused write: who tried what, on which object, and why. With
+    ``by_method`` the action names the method too (``api:task_list POST``: the API serves
+    several operations at one URL)."""
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return
     user = getattr(request, "user", None)
     match = getattr(request, "resolver_match", None)
+    action = match.view_name if match is not None else ""
+    if by_method:
+        action = f"{action} {request.method}"
     fields: dict[str, Any] = {
         "user": user.get_username() if user is not None and user.is_authenticated else "",
-        "action": match.view_name if match is not None else "",
+        "action": action,
         "object": request.path,
         "status": status,
         "reason": reason,

@@ -92,6 +92,12 @@ def editor(db: None) -> User:
 
 
 @pytest.fixture
+def producer(db: None) -> User:
+    """A program's owner whose tokens enqueue: of ``producers`` (enqueue, read tasks)."""
+    return _user("pia-producer", "producers")
+
+
+@pytest.fixture
 def other_editor(db: None) -> User:
     return _user("eddie-editor", "editors")
 

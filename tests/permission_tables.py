@@ -12,7 +12,16 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from tasks_app.models import LimitKey, QueueState, RunOutcome, ScheduleRun, Task
+from tasks_app.models import (
+    LimitKey,
+    PlanStatus,
+    ProposedPlan,
+    QueueState,
+    RunOutcome,
+    ScheduleRun,
+    Task,
+)
+from tasks_app.operations import proposals
 from tests.limits_page_support import CUSTOMERS
 from tests.schedules_page_support import HOURLY, iso, missed_for, paused_for, plan_of, store
 
@@ -24,8 +33,8 @@ SCHEDULE = HOURLY.name
 
 # Page by role: status. Reading needs ``view_task`` (every group has it); the approvals
 # pages need ``view_approvalrequest`` (editors); the audit log and its export need the
-# auditors' permissions. Superusers (admin) have all. An outsider is a logged-in user
-# without any group.
+# auditors' permissions; the tokens page, everyone signed in (each sees their own tokens).
+# Superusers (admin) have all. An outsider is a logged-in user without any group.
 PAGE_MATRIX = """
 page          editor  oncall  auditor  admin  outsider
 overview      200     200     200      200    403
@@ -37,6 +46,9 @@ review        200     403     403      200    403
 queues        200     200     200      200    403
 limits        200     200     200      200    403
 schedules     200     200     200      200    403
+tokens        200     200     200      200    200
+plans         200     200     200      200    403
+plan          200     200     200      200    403
 audit         403     403     200      200    403
 audit_export  403     403     200      200    403
 """
@@ -59,6 +71,8 @@ schedule_resume    403     done    403      done   403
 schedule_backfill  403     done    403      done   403
 schedule_run_now   403     done    403      done   403
 decide             done    403     403      done   403
+plan_apply         403     done    403      done   403
+plan_decline       403     done    403      done   403
 """
 
 
@@ -76,6 +90,8 @@ ACTION_CASES = _table(ACTION_MATRIX)
 
 def page_url(page: str, world: dict[str, Any]) -> str:
     """Where a page of the table is, in the world of a dead task and a review."""
+    if page == "plan":
+        return f"/plans/{proposed(world).pk}/"
     return {
         "overview": "/",
         "tasks": "/tasks/",
@@ -86,6 +102,8 @@ def page_url(page: str, world: dict[str, Any]) -> str:
         "queues": "/queues/",
         "limits": "/limits/",
         "schedules": "/schedules/",
+        "tokens": "/tokens/",
+        "plans": "/plans/",
         "audit": "/audit/",
         "audit_export": "/audit/export.csv",
     }[page]
@@ -95,6 +113,10 @@ def action_request(action: str, world: dict[str, Any]) -> tuple[str, dict[str, s
     """Where an action of the table posts, and what."""
     dead: Task = world["dead"]
     review: ApprovalRequest = world["review"]
+    if action == "plan_apply":
+        return f"/plans/{proposed(world).pk}/apply/", {"note": "checked"}
+    if action == "plan_decline":
+        return f"/plans/{proposed(world).pk}/decline/", {"reason": "not now"}
     return {
         "redrive": (f"/tasks/{dead.pk}/redrive/", {"reason": "fixed the remote"}),
         "resolve": (f"/tasks/{dead.pk}/resolve/", {"reason": "checked", "outcome": "done"}),
@@ -126,6 +148,18 @@ def action_request(action: str, world: dict[str, Any]) -> tuple[str, dict[str, s
     }[action]
 
 
+def proposed(world: dict[str, Any] | None = None) -> ProposedPlan:
+    """A program's plan to redrive the world's dead task, awaiting a signature (proposed
+    once, by a trusted caller, before the case's rows are counted)."""
+    found = ProposedPlan.objects.filter(status=PlanStatus.PROPOSED).first()
+    if found is not None:
+        return found
+    dead = world["dead"] if world else Task.objects.filter(status="dead").earliest("pk")
+    return proposals.propose(
+        actor="cli:triage-bot", action="redrive", reason="remote back", task_ids=[dead.pk]
+    )
+
+
 def missed_range() -> dict[str, str]:
     """The range of the schedule's missed slots, for its backfill (none before ``prepare``)."""
     missed = list(
@@ -142,6 +176,8 @@ def prepare(action: str) -> None:
     backfill."""
     if action.startswith("schedule_"):
         store(HOURLY)
+    if action.startswith("plan_"):
+        proposed()
     if action == "schedule_resume":
         paused_for(SCHEDULE, 2)
     if action == "schedule_backfill":

@@ -131,3 +131,19 @@ def dotted(value: str | None) -> str:
 def decision_text(request: ApprovalRequest) -> str:
     """What became of an approval request, as a plain sentence ("mara asked for changes")."""
     return approval_models.decision_text(request)
+
+
+@register.filter
+def plan_label(action: str) -> str:
+    """A program's plan's action as people read it ("Redrive", "Pause queue")."""
+    from tasks_app.operations.proposals import action_label
+
+    return action_label(action)
+
+
+@register.filter
+def urlencode_dict(values: dict[str, Any]) -> str:
+    """A filter's fields as a query string, the empty ones left out."""
+    from urllib.parse import urlencode
+
+    return urlencode({key: value for key, value in values.items() if value})

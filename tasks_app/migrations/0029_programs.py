@@ -118,7 +118,6 @@ class Migration(migrations.Migration):
                             ("proposed", "Awaiting a signature"),
                             ("applied", "Applied"),
                             ("declined", "Declined"),
-                            ("withdrawn", "Withdrawn"),
                         ],
                         default="proposed",
                         max_length=16,

@@ -60,7 +60,6 @@ class PlanStatus(models.TextChoices):
     PROPOSED = "proposed", "Awaiting a signature"
     APPLIED = "applied", "Applied"
     DECLINED = "declined", "Declined"
-    WITHDRAWN = "withdrawn", "Withdrawn"
 
 
 class ProposedPlan(models.Model):

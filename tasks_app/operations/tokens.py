@@ -19,8 +19,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser, Group, User
-from django.db import transaction
-from django.db.models import QuerySet
+from django.db import IntegrityError, transaction
+from django.db.models import F, QuerySet
 
 from tasks_app import validation
 from tasks_app.access import Actor, actor_fields
@@ -42,6 +42,16 @@ class IssuedToken:
 
 def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def visible(user: User) -> QuerySet[ApiToken]:
+    """The tokens ``user`` may see and revoke: their own; everyone's, for a superuser (as
+    :func:`revoke` allows). Live ones first, then the most recently revoked; newest first
+    within each."""
+    found = ApiToken.objects.select_related("user", "group").order_by(
+        F("revoked_at").desc(nulls_first=True), "-id"
+    )
+    return found if user.is_superuser else found.filter(user=user)
 
 
 def offered_groups(user: User) -> QuerySet[Group]:
@@ -78,27 +88,46 @@ def issue(
     valid_days = _days(days)
     prefix = secrets.token_hex(4)
     secret = f"{SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
-    with transaction.atomic():
-        if ApiToken.objects.filter(user=user, name=name, revoked_at=None).exists():
-            raise InvalidInput("name", "unique", f"name: {user} has a live token named {name}")
-        now = db_now()
-        token = ApiToken.objects.create(
-            user=user,
-            name=name,
-            prefix=prefix,
-            digest=digest(secret),
-            group=chosen,
-            auto_apply=auto_apply,
-            expires_at=now + timedelta(days=valid_days),
-        )
-        record_event(
-            EventKind.TOKEN_CREATED,
-            task_id=None,
-            actor=actor or user,
-            reason=f"token {name} for {user}",
-            token=_described(token),
-        )
+    taken = InvalidInput("name", "unique", f"name: {user} has a live token named {name}")
+    try:
+        with transaction.atomic():
+            if ApiToken.objects.filter(user=user, name=name, revoked_at=None).exists():
+                raise taken
+            token = _create(user, name, prefix, secret, chosen, auto_apply, valid_days, actor)
+    except IntegrityError:
+        # The same name made at the same moment: the constraint decided.
+        raise taken from None
     return IssuedToken(token, secret)
+
+
+def _create(
+    user: User,
+    name: str,
+    prefix: str,
+    secret: str,
+    group: Group,
+    auto_apply: str,
+    days: int,
+    actor: Actor,
+) -> ApiToken:
+    """The token's row and its ``token_created`` event, in the caller's transaction."""
+    token = ApiToken.objects.create(
+        user=user,
+        name=name,
+        prefix=prefix,
+        digest=digest(secret),
+        group=group,
+        auto_apply=auto_apply,
+        expires_at=db_now() + timedelta(days=days),
+    )
+    record_event(
+        EventKind.TOKEN_CREATED,
+        task_id=None,
+        actor=actor or user,
+        reason=f"token {name} for {user}",
+        program=_described(token),
+    )
+    return token
 
 
 def revoke(token: ApiToken, *, actor: Actor, reason: Any) -> ApiToken:
@@ -117,7 +146,7 @@ def revoke(token: ApiToken, *, actor: Actor, reason: Any) -> ApiToken:
             task_id=None,
             actor=actor,
             reason=reason,
-            token=_described(locked),
+            program=_described(locked),
         )
     return locked
 
@@ -145,6 +174,8 @@ def _check_owner(actor: Actor, user: User, verb: str) -> None:
 
 
 def _described(token: ApiToken) -> dict[str, Any]:
+    """What a token's events record of it, under ``program`` (the redaction hides the value
+    of any key named like ``token``)."""
     return {
         "id": token.pk,
         "name": token.name,

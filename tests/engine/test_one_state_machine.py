@@ -26,6 +26,8 @@ OTHER_STATUSES = {
     # A new task's row, as enqueue makes it: pending (its steps' statuses are new_step's
     # and make_due's).
     ("tasks_app.engine.enqueueing", "_insert_with_orm"),
+    # A program's plan's: applied or declined by a person (tasks_app.operations.proposals).
+    ("tasks_app.operations.proposals", "_decide"),
     # An error's HTTP status.
     ("tasks_app.exceptions", "__init__"),
 }
