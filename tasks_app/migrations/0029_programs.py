@@ -4,9 +4,9 @@
 # built again with the longer list, each concurrently, as 0018, 0024, 0027 and 0028 did;
 # and the group ``producers`` (enqueue, read tasks) a producing program's token takes.
 
-import django.db.models.deletion
 import importlib
 
+import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
