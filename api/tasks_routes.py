@@ -26,6 +26,7 @@ from api.schemas import (
 from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.models import Task
+from tasks_app.observability import tracing
 from tasks_app.operations import listings, selectors
 from tasks_app.redaction import redact_text
 
@@ -75,15 +76,17 @@ def task_detail(request: HttpRequest, task_id: int) -> TaskDetailOut:
 def enqueue(request: HttpRequest, body: EnqueueIn) -> Status[EnqueueOut]:
     access.require(request, access.ADD_TASKS)
     filters.known(request, set())
-    result = services.enqueue(
-        body.workflow,
-        body.payload,
-        idempotency_key=body.idempotency_key,
-        queue=body.queue,
-        priority=body.priority,
-        run_after=body.run_after,
-        actor=request.user,
-    )
+    # The caller's trace, when it sends one (W3C traceparent): the enqueue continues it.
+    with tracing.continuing(request.headers.get("traceparent"), request.headers.get("tracestate")):
+        result = services.enqueue(
+            body.workflow,
+            body.payload,
+            idempotency_key=body.idempotency_key,
+            queue=body.queue,
+            priority=body.priority,
+            run_after=body.run_after,
+            actor=request.user,
+        )
     task = Task.objects.with_live_status().get(pk=result.task.pk)
     return Status(
         201 if result.created else 200, EnqueueOut(created=result.created, task=TaskOut.of(task))
@@ -136,4 +139,5 @@ def detail_of(task: Task) -> TaskDetailOut:
         payload=redacted(task.payload),
         steps=steps,
         timeline=[EventOut.of(entry) for entry in detail.events],
+        trace_url=tracing.trace_url(task),
     )

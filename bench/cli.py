@@ -8,7 +8,8 @@ runs every cell for every system in a shuffled order per run, then the console c
 (``bench/pages.py``: two pages timed over two data sets, ``bench/dataset.py``, each in a
 database of its own, ``bench_console_<tasks>``, built in the first run, dropped at the
 end), after the last run the scale cells once (``bench/scale_cells.py``), then the horizon
-and faults cells once (``bench/horizon_cells.py``), and writes
+and faults cells once (``bench/horizon_cells.py``), then the tracing cell once
+(``bench/tracing_cell.py``), and writes
 ``bench/results/<timestamp>[-quick].{json,md}`` (and, in full mode, the table into
 ``docs/performance.md``). Every process it starts is stopped, also on error; every wait
 has a deadline, and the whole run has a time budget after which cells are skipped.
@@ -41,7 +42,7 @@ from typing import Any
 import psycopg
 import redis
 
-from bench import horizon_cells, report, scale_cells
+from bench import horizon_cells, report, scale_cells, tracing_cell
 from bench.cells import MODES, Bench, Mode
 from bench.common import BENCH_DIR, ROOT, scalar
 from bench.console_cells import CONSOLE_PAGES, Console
@@ -71,7 +72,7 @@ SYSTEMS: dict[str, type[System]] = {
     for cls in (Us, UsProcfile, UsLimited, PlainCelery, Proc10, Proc, Pgq, Pgq100, Dbos, Dtdb, Raw)
 }
 ORDER = ["us", "procfile", "uslimited", "celery", "proc10", "pgq", "pgq100", "dbos", "dtdb"]
-ALL_CELLS = ("enqueue", "drain", "latency", "console", "scale", "horizon", "faults")
+ALL_CELLS = ("enqueue", "drain", "latency", "console", "scale", "horizon", "faults", "tracing")
 RESULTS_DIR = BENCH_DIR / "results"
 DOCS = ROOT / "docs" / "performance.md"
 
@@ -108,7 +109,8 @@ def parse_args(argv: list[str] | None) -> Options:
         default=",".join(ALL_CELLS),
         help="comma-separated subset of the cells (console: only with the system us; "
         "scale: once per harness run, for us and pgq unless --systems names others; "
-        "horizon and faults: once per harness run, for us, proc10 and pgq of those named)",
+        "horizon and faults: once per harness run, for us, proc10 and pgq of those named; "
+        "tracing: once per harness run, for us)",
     )
     parser.add_argument("--senders", type=int, help="override the open loop's sender threads")
     parser.add_argument(
@@ -239,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             bench, horizon_keys, options.cells, options.seed, reconnect_server, unavailable
         )
         results += horizon_results
+        # The cost of tracing: once per harness run, for US, in a process of its own.
+        if "tracing" in options.cells and "us" in options.systems:
+            results += tracing_cell.run(bench, unavailable)
     except LockLost as exc:
         print(f"bench: {exc}; stopped, leaving its database alone", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import horizon_report
+from bench import horizon_report, tracing_cell
 from bench.horizon_report import EFFECTS_TWICE, HORIZON_CELLS, LOST
 
 # Every system's column, in the table's order; a run shows the columns of the systems it
@@ -61,8 +61,8 @@ BURNDOWN = "burndown"
 HELD_SNAPSHOT = "held_snapshot"
 SCALE_CELLS = (BURNDOWN, HELD_SNAPSHOT)
 # Cells with tables of their own, outside the metric table (the horizon and faults cells'
-# are bench/horizon_report.py's).
-OWN_TABLES = (*SCALE_CELLS, *HORIZON_CELLS)
+# are bench/horizon_report.py's, the tracing cell's bench/tracing_cell.py's).
+OWN_TABLES = (*SCALE_CELLS, *HORIZON_CELLS, tracing_cell.TRACING)
 
 START_MARK = "<!-- bench:start -->"
 END_MARK = "<!-- bench:end -->"
@@ -513,6 +513,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += console_table(result)
     lines += scale_tables(result)
     lines += horizon_report.tables(result, SYSTEM_LABELS)
+    lines += tracing_cell.table(result)
     shown_targets = [
         target
         for target in result["targets"]

@@ -39,6 +39,7 @@ from console.task_filters import TaskFilterForm
 from tasks_app import services
 from tasks_app.engine import presence
 from tasks_app.models import Task, TaskStatus
+from tasks_app.observability import tracing
 from tasks_app.operations import listings, selectors, why, why_counts
 from tasks_app.operations.task_actions import ACTIONS
 
@@ -237,6 +238,8 @@ def task_page(
         # may redrive or cancel it elsewhere); not once it has ended, nor under a rewind's
         # preview or refusal, which a refresh would take away.
         "refresh": None if rewind else REFRESH_SECONDS.get(task.status),
+        # Where the task's trace is seen (TASKS_TRACE_URL), if it has one.
+        "trace_url": tracing.trace_url(task),
     }
     return render_page(request, "console/task_detail.html", context, partial="task", status=status)
 

@@ -67,12 +67,22 @@ def check_limits_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.
 
 
 def _listen_to_events() -> None:
-    """The operational log hears of every event recorded (``tasks_app.history.events``),
-    which knows nothing of it."""
+    """The operational log and the traces hear of every event recorded
+    (``tasks_app.history.events``), which knows nothing of them; the traces' listener
+    returns at once while tracing is off."""
     from tasks_app.history import events
-    from tasks_app.observability import oplog
+    from tasks_app.observability import event_spans, oplog
 
     events.listen(oplog.log_event)
+    events.listen(event_spans.on_event)
+
+
+def _start_tracing() -> None:
+    """Traces of every task, with ``TASKS_TRACING`` on (``tasks_app.observability.tracing``):
+    the provider made and installed for this process, web and worker alike."""
+    from tasks_app.observability import tracing
+
+    tracing.setup(make_global=True)
 
 
 class TasksAppConfig(AppConfig):
@@ -93,6 +103,7 @@ class TasksAppConfig(AppConfig):
 
         _register_sweep_jobs()
         _listen_to_events()
+        _start_tracing()
 
         # A workflow of your own lives in the ``workflows`` module of an installed app (as
         # an admin lives in ``admin``): every process, web and worker alike, imports it

@@ -16,6 +16,7 @@ from typing import TypeVar, cast
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from tasks_app.engine import tracing_hooks
 from tasks_app.exceptions import (
     EffectNotApplied,
     OutcomeUnknown,
@@ -54,30 +55,34 @@ class Effects:
            the row, so a retry or a redrive may call again.
         """
         key = self.key(name)
-        existing = Effect.objects.filter(key=key).first()
-        if existing is not None and existing.status == Effect.Status.DONE:
-            if is_undecodable(existing.result):
-                raise UndecodableValue(f"the recorded result of effect {key} {existing.result}")
-            return cast("T", existing.result)
-        if existing is not None and not idempotent_remote:
-            raise OutcomeUnknown(f"effect {key} was started and has no recorded result")
-        if existing is None:
-            self._start(key, idempotent_remote=idempotent_remote)
-        try:
-            result = call(key)
-        except (EffectNotApplied, RemoteRefused):
-            Effect.objects.filter(key=key, status=Effect.Status.STARTED).delete()
-            raise
-        except TimeoutError as exc:
-            if idempotent_remote:
+        # Traced as "effect <name>" (tracing_hooks: nothing with tracing off); the span
+        # tells a replayed result from a call by whether ``call`` ran.
+        with tracing_hooks.effect(key, name) as traced:
+            call = traced.wrap(call)
+            existing = Effect.objects.filter(key=key).first()
+            if existing is not None and existing.status == Effect.Status.DONE:
+                if is_undecodable(existing.result):
+                    raise UndecodableValue(f"the recorded result of effect {key} {existing.result}")
+                return cast("T", existing.result)
+            if existing is not None and not idempotent_remote:
+                raise OutcomeUnknown(f"effect {key} was started and has no recorded result")
+            if existing is None:
+                self._start(key, idempotent_remote=idempotent_remote)
+            try:
+                result = call(key)
+            except (EffectNotApplied, RemoteRefused):
+                Effect.objects.filter(key=key, status=Effect.Status.STARTED).delete()
                 raise
-            raise OutcomeUnknown(f"effect {key} timed out after sending: {exc}") from exc
-        json.dumps(result, allow_nan=False)  # the ledger stores JSON only
-        # Recorded even if this attempt lost its lease meanwhile: the call happened.
-        Effect.objects.filter(key=key).update(
-            status=Effect.Status.DONE, result=result, finished_at=timezone.now()
-        )
-        return result
+            except TimeoutError as exc:
+                if idempotent_remote:
+                    raise
+                raise OutcomeUnknown(f"effect {key} timed out after sending: {exc}") from exc
+            json.dumps(result, allow_nan=False)  # the ledger stores JSON only
+            # Recorded even if this attempt lost its lease meanwhile: the call happened.
+            Effect.objects.filter(key=key).update(
+                status=Effect.Status.DONE, result=result, finished_at=timezone.now()
+            )
+            return result
 
     def _start(self, key: str, *, idempotent_remote: bool) -> None:
         with transaction.atomic():

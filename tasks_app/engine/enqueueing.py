@@ -14,6 +14,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from tasks_app import validation
 from tasks_app.access import Actor, actor_fields
 from tasks_app.db.clock import db_now
+from tasks_app.engine import tracing_hooks
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fast_inserts import insert_tasks
 from tasks_app.engine.limited_claims import assign_turns
@@ -48,6 +49,9 @@ class PreparedItem:
     run_after: datetime | None
     # The limits each step runs under (tasks_app.engine.limits).
     placement: Placement
+    # The W3C traceparent of the enqueue's span, stored on the task; set by the enqueue
+    # only with tracing on (tracing_hooks.EnqueueTrace.stamped).
+    traceparent: str | None = None
 
 
 _ENQUEUE_FIELDS = frozenset(
@@ -141,7 +145,7 @@ def enqueue(
         priority=priority,
         run_after=run_after,
     )
-    return _enqueue_prepared([item], actor)[0]
+    return _enqueue_traced([item], actor)[0]
 
 
 def check_enqueue(workflow: Any, payload: Any, *, prefix: str = "", **options: Any) -> None:
@@ -166,7 +170,16 @@ def enqueue_many(items: Sequence[dict[str, Any]], *, actor: Actor = None) -> lis
             if required not in item:
                 raise InvalidInput(prefix + required, "required", f"{prefix}{required}: required")
         prepared.append(_prepare(prefix=prefix, **item))
-    return _enqueue_prepared(prepared, actor)
+    return _enqueue_traced(prepared, actor)
+
+
+def _enqueue_traced(items: list[PreparedItem], actor: Actor) -> list[EnqueueResult]:
+    """:func:`_enqueue_prepared` inside the enqueue's spans, each item stamped with its
+    span's traceparent for its task row (tracing_hooks: nothing at all with tracing off)."""
+    with tracing_hooks.enqueue(items) as trace:
+        results = _enqueue_prepared(trace.stamped(items), actor)
+        trace.created(results)
+    return results
 
 
 def _enqueue_prepared(items: list[PreparedItem], actor: Actor) -> list[EnqueueResult]:
@@ -321,6 +334,7 @@ def _insert_with_orm(
             status=TaskStatus.PENDING,
             created_by=author,
             created_by_user_id=user_id,
+            traceparent=item.traceparent,
         )
     Task.objects.bulk_create(list(created.values()))
 

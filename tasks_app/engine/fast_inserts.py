@@ -43,6 +43,8 @@ class Insertable(Protocol):
     def run_after(self) -> datetime | None: ...
     @property
     def placement(self) -> Placement: ...
+    @property
+    def traceparent(self) -> str | None: ...
 
 
 TASK_FIELDS = [field.attname for field in Task._meta.concrete_fields]
@@ -89,6 +91,8 @@ def insert_tasks(
                 "priority": item.priority,
                 "run_after": item.run_after.isoformat() if item.run_after else None,
             }
+            # Only with tracing on: a missing key reads as NULL (INSERT_SQL's input).
+            | ({"traceparent": item.traceparent} if item.traceparent else {})
         )[:-1]
         + ',"payload":'
         + item.canonical
@@ -131,6 +135,7 @@ def insert_tasks(
             "updated_at": created_at,
             "finished_at": None,
             "cancel_requested_at": None,
+            "traceparent": item.traceparent,
         }
         task = rows.instance(Task, TASK_FIELDS, [row[name] for name in TASK_FIELDS])
         created[index] = task

@@ -20,6 +20,7 @@ from tasks_app.engine import crashes, fan_outs, fastpath, leases, limited_claims
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.effects import LeaseLost
 from tasks_app.engine.lease_keeper import lease_keeper
+from tasks_app.engine.tracing_hooks import attempts as attempt_spans
 from tasks_app.engine.transitions import completes_alone, step_context
 from tasks_app.engine.workflows import StepContext, StepSpec, Workflow, registry
 from tasks_app.exceptions import (
@@ -83,36 +84,39 @@ def run_batch(claims: Sequence[leases.Claim]) -> int:
     rows = {claim.step_id: claim.step for claim in claims if claim.step is not None}
     if len(rows) < len(claims):
         rows = Step.objects.select_related("task").in_bulk([claim.step_id for claim in claims])
-    lease_keeper.watch(claims)
-    # Where the parent finds what this process holds, should a step kill it (crashes).
-    crashes.record.holding(claims)
-    succeeded: list[tuple[leases.Claim, Any]] = []
-    try:
-        for index, claim in enumerate(claims):
-            if stopping.is_stopping():
-                _hand_back(claims[index:])
-                break
-            crashes.record.running(index)
-            result = _run_one(claim, rows[claim.step_id])
-            if result is not _RECORDED:
-                succeeded.append((claim, result))
-        crashes.record.running(len(claims))
-    finally:
-        for claim in claims:
-            lease_keeper.forget(claim)
-    # A step of a graph, and a success that reaches an approval step (which opens its
-    # request in the same transaction), are recorded one by one; the rest together.
-    together: list[tuple[leases.Claim, Any]] = []
-    one_by_one: list[tuple[leases.Claim, Any]] = []
-    for claim, result in succeeded:
-        step = rows[claim.step_id]
-        alone = completes_alone(step.task, step)
-        (one_by_one if alone else together).append((claim, result))
-    fastpath.complete_many(together)
-    for claim, result in one_by_one:
-        leases.complete_step(claim, result)
-    crashes.record.clear()
-    return len(succeeded)
+    # Each attempt's span, from here to its end (tracing_hooks: nothing with tracing off).
+    with attempt_spans(claims, rows) as attempts:
+        lease_keeper.watch(claims)
+        # Where the parent finds what this process holds, should a step kill it (crashes).
+        crashes.record.holding(claims)
+        succeeded: list[tuple[leases.Claim, Any]] = []
+        try:
+            for index, claim in enumerate(claims):
+                if stopping.is_stopping():
+                    _hand_back(claims[index:])
+                    break
+                crashes.record.running(index)
+                with attempts.running(claim):  # a handler's own spans are the attempt's
+                    result = _run_one(claim, rows[claim.step_id])
+                if result is not _RECORDED:
+                    succeeded.append((claim, result))
+            crashes.record.running(len(claims))
+        finally:
+            for claim in claims:
+                lease_keeper.forget(claim)
+        # A step of a graph, and a success that reaches an approval step (which opens its
+        # request in the same transaction), are recorded one by one; the rest together.
+        together: list[tuple[leases.Claim, Any]] = []
+        one_by_one: list[tuple[leases.Claim, Any]] = []
+        for claim, result in succeeded:
+            step = rows[claim.step_id]
+            alone = completes_alone(step.task, step)
+            (one_by_one if alone else together).append((claim, result))
+        fastpath.complete_many(together)
+        for claim, result in one_by_one:
+            leases.complete_step(claim, result)
+        crashes.record.clear()
+        return len(succeeded)
 
 
 def _hand_back(claims: Sequence[leases.Claim]) -> None:

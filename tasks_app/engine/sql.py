@@ -30,7 +30,7 @@ STEP_COLUMNS = (
 TASK_COLUMNS = (
     "id", "workflow", "workflow_version", "payload", "payload_hash", "idempotency_key", "queue",
     "priority", "status", "created_by", "created_by_user_id", "created_at", "updated_at",
-    "finished_at", "cancel_requested_at",
+    "finished_at", "cancel_requested_at", "traceparent",
 )  # fmt: skip
 _CLAIM_ROWS = ", ".join(
     [f"c.{name}" for name in STEP_COLUMNS] + [f"t.{name}" for name in TASK_COLUMNS]
@@ -248,11 +248,12 @@ WHERE NOT %(cancelled)s AND l.cancel_requested_at IS NOT NULL
 """  # noqa: S608 (the column names are constants, not input)
 
 
+# The traceparent is the item's own (NULL with tracing off: enqueueing._enqueue_traced).
 _TASK_INSERT_COLUMNS = """id, workflow, workflow_version, payload, payload_hash, idempotency_key,
     queue, priority, status, created_by, created_by_user_id, created_at, updated_at, finished_at,
-    cancel_requested_at"""
+    cancel_requested_at, traceparent"""
 _TASK_INSERT_VALUES = """id, workflow, version, payload, hash, key, queue, priority, 'pending',
-    %(author)s, %(user)s, statement_timestamp(), statement_timestamp(), NULL, NULL"""
+    %(author)s, %(user)s, statement_timestamp(), statement_timestamp(), NULL, NULL, traceparent"""
 
 # ORM twin: enqueueing._insert_with_orm (states.new_step, the roots made due by
 # states.make_due: a line's first step, a graph's steps that wait for none, which the
@@ -269,7 +270,7 @@ WITH input AS (
     SELECT i.*, nextval(pg_get_serial_sequence('tasks_app_task', 'id')) AS id
     FROM jsonb_to_recordset(%(items)s::jsonb) AS i(
         ord int, workflow text, version int, payload jsonb, hash text, key text, queue text,
-        priority int, run_after timestamptz
+        priority int, run_after timestamptz, traceparent text
     )
 ), spec AS (
     SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb)

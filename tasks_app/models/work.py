@@ -89,6 +89,10 @@ class Task(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Set by ``cancel`` while a step is still running; the heartbeat tells the handler.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # The task's trace (W3C ``traceparent`` of its enqueue's span), written with the row
+    # when tracing is on (``tasks_app.observability.tracing``); every later span of the
+    # task (attempts, effects, people's decisions) joins it. NULL with tracing off.
+    traceparent = models.CharField(max_length=55, null=True, blank=True)  # noqa: DJ001
 
     objects: ClassVar[TaskQuerySet] = TaskQuerySet.as_manager()  # type: ignore[assignment]
 
