@@ -10,6 +10,7 @@ refusal shows only why; a plan decided by someone else meanwhile answers 409.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -62,8 +63,7 @@ def _page(
     request: ConsoleRequest,
     plan: ProposedPlan,
     *,
-    apply_form: ApplyForm | None = None,
-    decline_form: DeclineForm | None = None,
+    form: forms.Form | None = None,
     error: str = "",
     status: int = 200,
 ) -> HttpResponse:
@@ -74,8 +74,9 @@ def _page(
         "expired": proposals.is_expired(plan),
         "tasks": list(tasks[:SHOWN_TASKS]),
         "more": max(len(plan.task_ids) - SHOWN_TASKS, 0),
-        "apply_form": apply_form or ApplyForm(),
-        "decline_form": decline_form or DeclineForm(),
+        # The form a refused POST used, with its errors; the other fresh.
+        "apply_form": form if isinstance(form, ApplyForm) else ApplyForm(),
+        "decline_form": form if isinstance(form, DeclineForm) else DeclineForm(),
         "error": error,
         # What the ledger holds now for the chosen tasks' dead steps (a queue plan has none).
         "ledger": selectors.dead_step_ledger(plan.task_ids) if plan.task_ids else None,
@@ -88,38 +89,44 @@ def _page(
 @require_POST
 @view_tasks
 def plan_apply(request: ConsoleRequest, plan_id: str) -> HttpResponse:
-    plan = get_object_or_404(ProposedPlan, pk=plan_id)
-    form = ApplyForm(request.POST)
-    if not form.is_valid():
-        return _page(request, plan, apply_form=form, status=400)
-    try:
-        plan = proposals.apply(plan, actor=request.user, note=form.cleaned_data["note"])
-    except NotPermitted:
-        raise  # the console's refusal: nothing of the plan shown
-    except errors.REFUSED as exc:
-        refused = errors.refusal(request, exc, form)
-        return _page(request, plan, apply_form=form, error=refused.message, status=refused.status)
-    changed = len(plan.outcome.get("changed", []))
-    return _done(
-        request, plan, f"Plan applied: {changed} task{'' if changed == 1 else 's'} changed."
-    )
+    def apply(plan: ProposedPlan, data: dict[str, Any]) -> str:
+        plan = proposals.apply(plan, actor=request.user, note=data["note"])
+        changed = len(plan.outcome.get("changed", []))
+        return f"Plan applied: {changed} task{'' if changed == 1 else 's'} changed."
+
+    return _decide(request, plan_id, ApplyForm(request.POST), apply)
 
 
 @require_POST
 @view_tasks
 def plan_decline(request: ConsoleRequest, plan_id: str) -> HttpResponse:
+    def decline(plan: ProposedPlan, data: dict[str, Any]) -> str:
+        proposals.decline(plan, actor=request.user, reason=data["reason"])
+        return "Plan declined: nothing of it was applied."
+
+    return _decide(request, plan_id, DeclineForm(request.POST), decline)
+
+
+def _decide(
+    request: ConsoleRequest,
+    plan_id: str,
+    form: forms.Form,
+    act: Callable[[ProposedPlan, dict[str, Any]], str],
+) -> HttpResponse:
+    """Apply or decline the plan as ``form`` asks (``act`` says what was done): the plan's
+    page again with the form showing why not, or the console's bare refusal for a reader
+    without the action's permission."""
     plan = get_object_or_404(ProposedPlan, pk=plan_id)
-    form = DeclineForm(request.POST)
     if not form.is_valid():
-        return _page(request, plan, decline_form=form, status=400)
+        return _page(request, plan, form=form, status=400)
     try:
-        plan = proposals.decline(plan, actor=request.user, reason=form.cleaned_data["reason"])
+        words = act(plan, form.cleaned_data)
     except NotPermitted:
         raise  # the console's refusal: nothing of the plan shown
     except errors.REFUSED as exc:
         refused = errors.refusal(request, exc, form)
-        return _page(request, plan, decline_form=form, error=refused.message, status=refused.status)
-    return _done(request, plan, "Plan declined: nothing of it was applied.")
+        return _page(request, plan, form=form, error=refused.message, status=refused.status)
+    return _done(request, plan, words)
 
 
 def _done(request: ConsoleRequest, plan: ProposedPlan, words: str) -> HttpResponse:
