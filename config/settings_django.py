@@ -109,6 +109,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "console.context.section",
                 "console.context.approvals_waiting",
+                "console.context.plans_waiting",
                 "console.context.demo_mail",
             ],
         },

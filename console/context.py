@@ -1,5 +1,5 @@
 """What every console page's template gets: its nav section, the approvals waiting for the
-reader, and whether the demo's mail is shown."""
+reader, the programs' plans awaiting a signature, and whether the demo's mail is shown."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from approvals import selectors as approval_selectors
 from console import mailbox
 from console.views import VIEW_APPROVALS
+from tasks_app.operations import proposals
 
 # The nav entry each page belongs to, by URL name.
 SECTIONS = {
@@ -69,6 +70,17 @@ def approvals_waiting(request: HttpRequest) -> dict[str, Callable[[], int]]:
         return len(approval_selectors.decidable_by(user))
 
     return {"approvals_waiting": count}
+
+
+def plans_waiting(request: HttpRequest) -> dict[str, Callable[[], int]]:
+    """How many programs' plans await a signature: the nav shows it beside Plans. A
+    callable, so only a page that shows the nav entry counts them (the inbox's partial
+    index)."""
+
+    def count() -> int:
+        return proposals.awaiting().count()
+
+    return {"plans_waiting": count}
 
 
 def demo_mail(request: HttpRequest) -> dict[str, bool]:

@@ -271,3 +271,13 @@ def _tasks(ids: list[int]) -> list[Any]:
     from tasks_app.models import Task
 
     return list(Task.objects.filter(pk__in=ids).order_by("id"))
+
+
+@pytest.mark.django_db
+def test_the_nav_counts_the_plans_awaiting_a_signature(oncall: User) -> None:
+    ids = dead_group(1)
+    person = Client()
+    person.force_login(oncall)
+    assert 'data-waiting="1"' not in person.get("/tasks/").content.decode()
+    propose_redrive(token_for(oncall, "oncall"), fingerprint_of(ids[0]))
+    assert 'data-waiting="1"' in person.get("/tasks/").content.decode()
