@@ -281,3 +281,28 @@ def test_the_nav_counts_the_plans_awaiting_a_signature(oncall: User) -> None:
     assert 'data-waiting="1"' not in person.get("/tasks/").content.decode()
     propose_redrive(token_for(oncall, "oncall"), fingerprint_of(ids[0]))
     assert 'data-waiting="1"' in person.get("/tasks/").content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("action", "params", "status"),
+    [
+        ("rewind", {"from_step": "flaky"}, TaskStatus.PENDING),
+        ("resolve_done", {}, TaskStatus.SUCCEEDED),
+        ("cancel", {}, TaskStatus.CANCELLED),
+        ("redrive_later", {"delay": "1h"}, TaskStatus.PENDING),
+    ],
+)
+def test_every_action_of_the_table_is_proposed_and_signed_with_its_parameters(
+    oncall: User, action: str, params: dict[str, Any], status: str
+) -> None:
+    task = dead_task()
+    secret = token_for(oncall, "oncall")
+    body = {"action": action, "reason": "as planned", "task_ids": [task.pk], "params": params}
+    answer = call("POST", PLANS, secret, body=body)
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["params"] == params
+    plan = proposals.apply(ProposedPlan.objects.get(pk=answer.json()["id"]), actor=oncall)
+    assert plan.outcome["changed"] == [task.pk], plan.outcome
+    task.refresh_from_db()
+    assert task.status == status
