@@ -7,6 +7,7 @@ import base64
 import importlib
 import json
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,9 +20,11 @@ import redis
 from django.apps import apps as django_apps
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.core.management.base import CommandError
 from django.db import connection
 from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 from django.db.models import F
+from django.test import TransactionTestCase
 
 from tasks_app.engine.dispatch import publisher
 from tasks_app.history import StepState, TaskState, counting, fold_events, timeline
@@ -348,6 +351,52 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"ALTER DATABASE {name} SET tasks_app.allow_truncate = 'on'")
             cursor.execute("SET tasks_app.allow_truncate = 'on'")
+
+
+# What a flush's TRUNCATE can meet from another session: a deadlock, a lock wait past
+# lock_timeout.
+LOCK_CONFLICTS = {"40P01", "55P03"}
+FLUSH_TRIES = 3
+
+
+def _other_sessions() -> str:
+    """The test database's other sessions, one line each: who may have held the locks."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, application_name, state, now() - xact_start, left(query, 160)"
+            " FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        rows = cursor.fetchall()
+    return "\n".join("  " + " | ".join(str(value) for value in row) for row in rows) or "  none"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_outlasts_other_sessions() -> Iterator[None]:
+    """A transactional test's flush TRUNCATEs every table while a module's worker process
+    may still be writing (its counts each second, beat's sweep): the TRUNCATE can deadlock
+    with such a transaction, or wait for one past ``lock_timeout``. The flush is tried
+    again, up to three times; each conflict prints the other sessions, so a session that
+    keeps a lock is named, not hidden."""
+    flush: Callable[[TransactionTestCase], None] = TransactionTestCase._fixture_teardown  # type: ignore[attr-defined]
+
+    def flush_again_after_a_conflict(case: TransactionTestCase) -> None:
+        for attempt in range(1, FLUSH_TRIES + 1):
+            try:
+                flush(case)
+                return
+            except CommandError as exc:
+                sqlstate = getattr(getattr(exc.__cause__, "__cause__", None), "sqlstate", None)
+                if attempt == FLUSH_TRIES or sqlstate not in LOCK_CONFLICTS:
+                    raise
+                sys.stderr.write(
+                    f"flush try {attempt} met a lock conflict ({sqlstate}: "
+                    f"{exc.__cause__}); the database's other sessions:\n{_other_sessions()}\n"
+                )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TransactionTestCase, "_fixture_teardown", flush_again_after_a_conflict)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
