@@ -239,14 +239,18 @@ class PathsDiffer(AssertionError):
     """The two paths left different rows or events (a known one is marked xfail with it)."""
 
 
-def assert_same(one: dict[str, Any], batched: dict[str, Any]) -> None:
+def assert_same(
+    one: dict[str, Any],
+    batched: dict[str, Any],
+    names: tuple[str, str] = (ONE_BY_ONE.name, BATCHED.name),
+) -> None:
     if batched == one:
         return
     lines = difflib.unified_diff(
         pprint.pformat(one, width=100).splitlines(),
         pprint.pformat(batched, width=100).splitlines(),
-        fromfile=ONE_BY_ONE.name,
-        tofile=BATCHED.name,
+        fromfile=names[0],
+        tofile=names[1],
         lineterm="",
     )
     raise PathsDiffer("the paths differ:\n" + "\n".join(lines))
