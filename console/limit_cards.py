@@ -126,13 +126,6 @@ def limit_words(use: LimitUse) -> str:
     )
 
 
-def stamp(value: Numbers | None) -> str:
-    """The numbers as the change form carries them from its preview to its confirm."""
-    if value is None:
-        return "unknown"
-    return f"{value.concurrency if value.concurrency is not None else '-'} {value.rate or '-'}"
-
-
 @dataclass(frozen=True)
 class KeyRow:
     """One key at its limit, or held by its remote, as its row reads."""
@@ -260,7 +253,7 @@ class Card:
 
     @property
     def seen(self) -> str:
-        return stamp(self.use.numbers)
+        return limits.stamp(self.use.numbers)
 
     @property
     def known_keys(self) -> list[str]:

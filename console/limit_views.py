@@ -27,7 +27,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from console import errors
-from console.limit_cards import Acted, card, fresh_forms, make_forms, recent_changes, stamp
+from console.limit_cards import Acted, card, fresh_forms, make_forms, recent_changes
 from console.views import VIEW_TASKS, ConsoleRequest, render_page, view_tasks
 from tasks_app import validation
 from tasks_app.db.clock import db_now
@@ -135,18 +135,13 @@ def limit_change(request: ConsoleRequest, name: str) -> HttpResponse:
             for numbers in ("concurrency", "rate"):
                 form.fields[numbers].widget.attrs["readonly"] = True
             return _page(request, acted=replace(acted, preview=preview))
-        if data["seen"] != stamp(use.numbers):
-            error = (
-                f"Nothing changed: the numbers of {name} were changed since your preview "
-                f"(now {limits.describe(use.numbers)}). Preview again."
-            )
-            return _page(request, acted=replace(acted, error=error), status=409)
         limits.change_limit(
             name,
             actor=request.user,
             reason=data["reason"],
             concurrency=data["concurrency"],
             rate=data["rate"],
+            seen=data["seen"],
         )
     except errors.REFUSED as exc:
         return _refused(request, acted, exc, form)

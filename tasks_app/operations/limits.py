@@ -20,7 +20,7 @@ from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.limit_standing import Standing
 from tasks_app.engine.limits import Numbers, Rate
-from tasks_app.exceptions import InvalidInput
+from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.history.events import record_event
 from tasks_app.models import EventKind, LimitKey, LimitState, Step
 from tasks_app.operations.limit_use import use_of
@@ -96,6 +96,18 @@ def describe(value: Numbers | None) -> str:
     return ", ".join(parts) or "no cap"
 
 
+def stamp(value: Numbers | None) -> str:
+    """A limit's numbers as one string: what a preview saw (``Preview.before``), for its
+    confirm to pass to :func:`change_limit` as ``seen``."""
+    if value is None:
+        return "unknown"
+    return f"{value.concurrency if value.concurrency is not None else '-'} {value.rate or '-'}"
+
+
+class StaleChange(InvalidTransition):
+    """The numbers in effect changed since the preview a change was confirmed from."""
+
+
 def preview_change(name: Any, *, concurrency: Any, rate: Any) -> Preview:
     use = use_of(name)
     after = clean_numbers(concurrency, rate)
@@ -133,11 +145,21 @@ def _admitted(due: Sequence[Step], name: str, value: Numbers | None, now: dateti
     return admitted
 
 
-def change_limit(name: Any, *, actor: Actor, reason: Any, concurrency: Any, rate: Any) -> None:
-    """Set a limit's numbers live, over its declaration and TASKS_LIMITS."""
+def change_limit(
+    name: Any,
+    *,
+    actor: Actor,
+    reason: Any,
+    concurrency: Any,
+    rate: Any,
+    seen: str | None = None,
+) -> None:
+    """Set a limit's numbers live, over its declaration and TASKS_LIMITS. With ``seen``
+    (:func:`stamp` of the numbers a preview showed), refused by :class:`StaleChange` and
+    nothing stored when the numbers in effect are no longer those."""
     check_permission(actor, "change_limits")
     after = clean_numbers(concurrency, rate)
-    _change(name, actor=actor, reason=reason, after=after)
+    _change(name, actor=actor, reason=reason, after=after, seen=seen)
 
 
 def reset_limit(name: Any, *, actor: Any, reason: Any) -> None:
@@ -146,7 +168,9 @@ def reset_limit(name: Any, *, actor: Any, reason: Any) -> None:
     _change(name, actor=actor, reason=reason, after=None)
 
 
-def _change(name: Any, *, actor: Actor, reason: Any, after: Numbers | None) -> None:
+def _change(
+    name: Any, *, actor: Actor, reason: Any, after: Numbers | None, seen: str | None = None
+) -> None:
     use = use_of(name)
     reason = validation.require_text(reason, "reason")
     if after is None and use.configured is None:
@@ -154,6 +178,14 @@ def _change(name: Any, *, actor: Actor, reason: Any, after: Numbers | None) -> N
     who, _ = actor_fields(actor)
     with transaction.atomic():
         state, _ = LimitState.objects.select_for_update().get_or_create(name=use.name)
+        if seen is not None:
+            # Read again under the row's lock: a change committed since is seen here.
+            use = use_of(use.name)
+            if stamp(use.numbers) != seen:
+                raise StaleChange(
+                    f"Nothing changed: the numbers of {use.name} were changed since your "
+                    f"preview (now {describe(use.numbers)}). Preview again."
+                )
         state.overridden = after is not None
         state.concurrency = after.concurrency if after is not None else None
         state.rate = str(after.rate) if after is not None and after.rate else ""

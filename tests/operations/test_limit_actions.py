@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import DatabaseError, connection
 
 from tasks_app import services
 from tasks_app.db.clock import db_now
@@ -130,6 +131,49 @@ def test_a_change_by_oncall_is_recorded_and_the_next_claim_obeys_it(
     state = LimitState.objects.get(name="acts_customers")
     assert not state.overridden and state.changed_by == "cli:ann"
     assert operator_events()[-1][3]["after"] == {"concurrency": 1, "rate": None}
+
+
+@pytest.mark.django_db
+def test_a_change_confirmed_from_a_preview_is_refused_when_the_numbers_moved_since(
+    flow: str, oncall: User
+) -> None:
+    """A program that confirms from a preview gets the console's guard: the numbers it saw
+    (``seen``) are compared under the limit's lock, and a change from under it stores
+    nothing."""
+    preview = actions.preview_change("acts_customers", concurrency=3, rate="")
+    seen = actions.stamp(preview.before)
+    actions.change_limit("acts_customers", actor=oncall, reason="first", concurrency=2, rate="")
+    with pytest.raises(actions.StaleChange, match=r"now 2 at once\)\. Preview again"):
+        actions.change_limit(
+            "acts_customers", actor=oncall, reason="second", concurrency=3, rate="", seen=seen
+        )
+    assert LimitState.objects.get(name="acts_customers").concurrency == 2
+    assert [reason for _, _, reason, _ in operator_events()] == ["first"]
+    fresh = actions.stamp(use_of("acts_customers").numbers)
+    actions.change_limit(
+        "acts_customers", actor=oncall, reason="second", concurrency=3, rate="", seen=fresh
+    )
+    assert LimitState.objects.get(name="acts_customers").concurrency == 3
+
+
+@pytest.mark.django_db
+def test_a_change_whose_event_cannot_be_written_changes_nothing(flow: str, oncall: User) -> None:
+    """The live numbers and their audited event are one transaction: when the event's insert
+    fails (here a trigger refuses it), the numbers stay as they were."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_refuse_limit_event() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF NEW.kind = 'limit_changed' THEN RAISE EXCEPTION 'refused by the test';"
+            " END IF; RETURN NEW; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_refuse_limit_event BEFORE INSERT ON tasks_app_event"
+            " FOR EACH ROW EXECUTE FUNCTION test_refuse_limit_event()"
+        )
+    with pytest.raises(DatabaseError, match="refused by the test"):
+        actions.change_limit("acts_customers", actor=oncall, reason="quota", concurrency=5, rate="")
+    assert not LimitState.objects.filter(name="acts_customers", overridden=True).exists()
+    assert use_of("acts_customers").numbers == use_of("acts_customers").configured
 
 
 @pytest.mark.django_db
