@@ -17,7 +17,9 @@ from django.db import connection
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from tasks_app.db.rows import from_row
 from tasks_app.engine.limits import Limit, Numbers, Rate, configured, declared
+from tasks_app.engine.transitions import fast_path_enabled
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus
 
 # Slices per period in a rate's window.
@@ -117,10 +119,14 @@ class Standing:
     @classmethod
     def read(cls, pairs: set[tuple[str, str]], now: datetime) -> Standing:
         names = {name for name, _ in pairs}
-        states = {state.name: state for state in LimitState.objects.filter(name__in=names)}
+        if fast_path_enabled():
+            states, keys, running = read_at_once(pairs)
+        else:
+            states = {state.name: state for state in LimitState.objects.filter(name__in=names)}
+            keys, running = keys_of(pairs), running_counts()
         known = declared()
         effective = {name: numbers(states.get(name), known.get(name)) for name in names}
-        standing = cls(now, pairs, states, effective, keys_of(pairs), running_counts(), {})
+        standing = cls(now, pairs, states, effective, keys, running, {})
         standing.reset_windows()
         return standing
 
@@ -192,6 +198,57 @@ def keys_of(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], LimitKey]:
     for name, key in pairs:
         where |= Q(limit=name, key=key)
     return {(row.limit, row.key): row for row in LimitKey.objects.filter(where)}
+
+
+_KEY_COLUMNS = tuple(field.attname for field in LimitKey._meta.concrete_fields)
+_STATE_COLUMNS = tuple(field.attname for field in LimitState._meta.concrete_fields)
+# ORM twin: the LimitState query, keys_of and running_counts above. One row per pair: its
+# key's row and its limit's (each NULL where none exists yet), and its running steps.
+STANDING_SQL = f"""
+WITH pairs AS (
+    SELECT DISTINCT * FROM unnest(%(names)s::text[], %(keys)s::text[]) AS p(name, key)
+), running AS (
+    SELECT e->>0 AS name, e->>1 AS key, count(*) AS n
+    FROM tasks_app_step s, jsonb_array_elements(s.limits) e
+    WHERE s.status = 'running' AND s.limit_turn IS NOT NULL
+    GROUP BY 1, 2
+)
+SELECT p.name, p.key, COALESCE(r.n, 0),
+    {", ".join(f'k."{name}"' for name in _KEY_COLUMNS)},
+    {", ".join(f'st."{name}"' for name in _STATE_COLUMNS)}
+FROM pairs p
+LEFT JOIN tasks_app_limitkey k ON k."limit" = p.name AND k.key = p.key
+LEFT JOIN running r ON r.name = p.name AND r.key = p.key
+LEFT JOIN tasks_app_limitstate st ON st.name = p.name
+"""  # noqa: S608 (the column names are the models', not input)
+
+
+def read_at_once(
+    pairs: set[tuple[str, str]],
+) -> tuple[
+    dict[str, LimitState], dict[tuple[str, str], LimitKey], collections.Counter[tuple[str, str]]
+]:
+    """The limits' rows, their keys' rows and their running steps, for ``pairs``, in one
+    statement (PostgreSQL's fast path)."""
+    states: dict[str, LimitState] = {}
+    keys: dict[tuple[str, str], LimitKey] = {}
+    running: collections.Counter[tuple[str, str]] = collections.Counter()
+    if not pairs:
+        return states, keys, running
+    names, key_names = zip(*pairs, strict=True)
+    with connection.cursor() as cursor:
+        cursor.execute(STANDING_SQL, {"names": list(names), "keys": list(key_names)})
+        rows = cursor.fetchall()
+    width = len(_KEY_COLUMNS)
+    for name, key, count, *rest in rows:
+        if count:
+            running[(name, key)] = count
+        key_row, state_row = rest[:width], rest[width:]
+        if key_row[0] is not None:
+            keys[(name, key)] = from_row(LimitKey, _KEY_COLUMNS, key_row)
+        if state_row[0] is not None and name not in states:
+            states[name] = from_row(LimitState, _STATE_COLUMNS, state_row)
+    return states, keys, running
 
 
 def running_counts() -> collections.Counter[tuple[str, str]]:

@@ -22,6 +22,7 @@ the claim rings once for the time it frees (:attr:`Claimed.retry_at`).
 from __future__ import annotations
 
 import collections
+import json
 import math
 import zlib
 from collections.abc import Iterable, Sequence
@@ -36,7 +37,12 @@ from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim, claimed_steps
 from tasks_app.engine.limit_standing import AT_RATE, HELD, Standing, Window
-from tasks_app.engine.sql import CLAIM_IDS_SQL
+from tasks_app.engine.sql import (
+    CLAIM_IDS_SQL,
+    LIMITED_BOOK_SQL,
+    LIMITED_CANDIDATES_SQL,
+    LIMITED_DUE_SQL,
+)
 from tasks_app.engine.states import start_attempts
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
 from tasks_app.exceptions import LEASE_EXPIRED
@@ -64,14 +70,24 @@ class Claimed:
     alone: bool = False
 
 
-def _serialize() -> None:
+def _serialize() -> datetime:
+    """Wait for the claims before this one; the database's time once they are done."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK])
+            # The lock is taken before the clock is read (the select list runs in order),
+            # so this claim's time is never before that of the claim it waited for.
+            cursor.execute("SELECT pg_advisory_xact_lock(%s), clock_timestamp()", [LOCK])
+            now: datetime = cursor.fetchone()[1]
+            return now
+    return db_now()
 
 
 def has_due(queue: str) -> bool:
     """Whether ``queue`` has a due step under limits (step_limited_due_idx)."""
+    if fast_path_enabled():
+        with connection.cursor() as cursor:
+            cursor.execute(LIMITED_DUE_SQL, [queue])
+            return bool(cursor.fetchone()[0])
     return Step.objects.due().filter(queue=queue, limit_turn__isnull=False).exists()
 
 
@@ -87,8 +103,7 @@ def claim(
     """Claim up to ``limit`` due steps under limits of ``queue`` (or the named step's),
     ``step_id`` first if it may run now; with ``only_named``, that step or nothing."""
     with transaction.atomic():
-        _serialize()
-        now = db_now()
+        now = _serialize()
         # Few candidates first: while limits have room, the first of them are the claim.
         size = min(limit + FIRST_SCAN, SCAN)
         candidates = _candidates(queue, step_id, now, only_named, size, limit)
@@ -139,6 +154,8 @@ def _candidates(
     size: int,
     limit: int,
 ) -> list[Candidate]:
+    if fast_path_enabled():
+        return _candidates_at_once(queue, step_id, now, only_named, size, limit)
     due = Step.objects.due(now).filter(limit_turn__isnull=False).exclude(paused_filter())
     named = _read(due.filter(pk=step_id)) if step_id is not None else []
     if only_named or (named and named[0].error_class == LEASE_EXPIRED):
@@ -159,6 +176,38 @@ def _candidates(
 
 def _read(steps: QuerySet[Step]) -> list[Candidate]:
     return [Candidate(*row) for row in steps.values_list(*Candidate._fields)]
+
+
+def _candidates_at_once(
+    queue: str | None,
+    step_id: int | None,
+    now: datetime,
+    only_named: bool,
+    size: int,
+    limit: int,
+) -> list[Candidate]:
+    """:func:`_candidates` by one statement (PostgreSQL's fast path)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            LIMITED_CANDIDATES_SQL,
+            {
+                "step": step_id,
+                "queue": queue,
+                "now": now,
+                "limit": limit,
+                "size": 0 if only_named else size,
+            },
+        )
+        rows = cursor.fetchall()
+    named: list[Candidate] = []
+    rest: list[Candidate] = []
+    for pk, task_id, queue_name, limits, turn, error_class, rank in rows:
+        entries = json.loads(limits) if limits is not None else None
+        candidate = Candidate(pk, task_id, queue_name, entries, turn, error_class)
+        (rest if rank else named).append(candidate)
+    if only_named or (named and named[0].error_class == LEASE_EXPIRED):
+        return named
+    return rest
 
 
 @dataclass
@@ -183,12 +232,33 @@ class _Decision:
             owner = turn_owner(step.limits or ())
             if owner is not None and step.limit_turn is not None:
                 turns[owner] = max(turns.get(owner, 0), step.limit_turn)
+        if fast_path_enabled():
+            _book_at_once(spent, turns)
+            return
         # In key order, as enqueue locks them (assign_turns), so neither waits on the other
         # in a circle.
         for (name, key), window in sorted(spent.items()):
             LimitKey.objects.filter(limit=name, key=key).update(window=window.stored())
         for name, turn in turns.items():
             LimitState.objects.filter(name=name, turn__lt=turn).update(turn=turn)
+
+
+def _book_at_once(spent: dict[tuple[str, str], Window], turns: dict[str, int]) -> None:
+    """:meth:`_Decision.book`'s writes by one statement (PostgreSQL's fast path)."""
+    if not spent and not turns:
+        return
+    pairs = sorted(spent)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            LIMITED_BOOK_SQL,
+            {
+                "names": [name for name, _ in pairs],
+                "keys": [key for _, key in pairs],
+                "windows": [json.dumps(spent[pair].stored()) for pair in pairs],
+                "limits": sorted(turns),
+                "turns": [turns[name] for name in sorted(turns)],
+            },
+        )
 
 
 def turn_owner(entries: Iterable[Sequence[Any]]) -> str | None:

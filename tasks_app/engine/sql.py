@@ -313,3 +313,64 @@ WITH input AS (
 SELECT i.ord, t.id, t.created_at, st.roots, st.available_at
 FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
 """  # noqa: S608 (the names are constants, not input)
+
+
+# ORM twin: limited_claims._candidates (models.StepQuerySet.due at the claim's time, not
+# paused: transitions.paused_filter). The due steps under limits a claim weighs: the named
+# one (rank 0), and the queue's (the given one, else the named step's) in claim order
+# (step_limited_due_idx), a step whose last lease ran out only when the batch is one.
+LIMITED_CANDIDATES_SQL = f"""
+WITH named AS (
+    SELECT s.id, s.task_id, s.queue, s.limits::text, s.limit_turn, s.error_class
+    FROM tasks_app_step s
+    WHERE s.id = %(step)s AND s.status = 'pending' AND s.available_at <= %(now)s
+      AND s.limit_turn IS NOT NULL
+      AND s.queue NOT IN (SELECT name FROM tasks_app_queuestate WHERE paused)
+)
+SELECT *, 0 FROM named
+UNION ALL (
+    SELECT s.id, s.task_id, s.queue, s.limits::text, s.limit_turn, s.error_class, 1
+    FROM tasks_app_step s
+    WHERE s.queue = COALESCE(%(queue)s, (SELECT queue FROM named))
+      AND s.status = 'pending' AND s.available_at <= %(now)s AND s.limit_turn IS NOT NULL
+      AND s.queue NOT IN (SELECT name FROM tasks_app_queuestate WHERE paused)
+      AND (%(limit)s = 1 OR s.error_class <> '{LEASE_EXPIRED}')
+    ORDER BY s.priority DESC, s.limit_turn, s.available_at
+    LIMIT %(size)s
+)
+"""  # noqa: S608 (a constant, not input)
+
+# ORM twin: limited_claims._Decision.book. The rate windows as the claim spent them and the
+# limits' turn clocks moved on, each row locked in key order first (as enqueue locks them:
+# limited_claims.assign_turns), so neither waits on the other in a circle.
+LIMITED_BOOK_SQL = """
+WITH spent AS MATERIALIZED (
+    SELECT k.id, v.spent FROM tasks_app_limitkey k
+    JOIN unnest(%(names)s::text[], %(keys)s::text[], %(windows)s::jsonb[]) AS v(name, key, spent)
+      ON k."limit" = v.name AND k.key = v.key
+    ORDER BY k."limit", k.key
+    FOR UPDATE OF k
+), windows AS (
+    UPDATE tasks_app_limitkey k SET "window" = spent.spent FROM spent WHERE k.id = spent.id
+    RETURNING k.id
+), moved AS MATERIALIZED (
+    SELECT st.name, v.turn FROM tasks_app_limitstate st
+    JOIN unnest(%(limits)s::text[], %(turns)s::bigint[]) AS v(name, turn) ON st.name = v.name
+    WHERE st.turn < v.turn
+    ORDER BY st.name
+    FOR UPDATE OF st
+), turns AS (
+    UPDATE tasks_app_limitstate st SET turn = moved.turn FROM moved WHERE st.name = moved.name
+    RETURNING st.name
+)
+SELECT (SELECT count(*) FROM windows), (SELECT count(*) FROM turns)
+"""
+
+# ORM twin: limited_claims.has_due (step_limited_due_idx).
+LIMITED_DUE_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM tasks_app_step s
+    WHERE s.queue = %s AND s.status = 'pending' AND s.limit_turn IS NOT NULL
+      AND s.available_at <= statement_timestamp()
+)
+"""
