@@ -76,7 +76,15 @@ def _serialize() -> datetime:
         with connection.cursor() as cursor:
             # The lock is taken before the clock is read (the select list runs in order),
             # so this claim's time is never before that of the claim it waited for.
-            cursor.execute("SELECT pg_advisory_xact_lock(%s), clock_timestamp()", [LOCK])
+            # Bitmap scans are off for the claim: the running steps are read through
+            # step_lease_idx, whose entries of steps that ran and ended stay until a vacuum,
+            # and only a plain index scan marks them dead for the next claim to skip (a
+            # drain's claims read thousands of them each, then a handful).
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s), clock_timestamp(),"
+                " set_config('enable_bitmapscan', 'off', true)",
+                [LOCK],
+            )
             now: datetime = cursor.fetchone()[1]
             return now
     return db_now()

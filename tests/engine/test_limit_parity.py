@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
 from tasks_app import services
+from tasks_app.engine import limited_claims
 from tasks_app.engine.limits import Limit
 from tasks_app.models import LimitKey, LimitState, Step
 from tasks_app.workflows import StepSpec, Workflow, register, registry
@@ -53,18 +55,24 @@ class _Undo(Exception):
 
 
 def _story(fast: bool, settings: Any) -> dict[str, Any]:
-    """Seven steps over three customers; two claims, one step finished and the rate's
-    period over between them."""
+    """Nine steps over five customers, one customer's key paused and one's held by a
+    remote's retry-after; two claims, one step finished and the rate's period over between
+    them."""
     settings.TASKS_SQL_FAST_PATH = fast
     read: dict[str, Any] = {}
     try:
         with transaction.atomic():
             plan = [("acme", 1)] * 4 + [("globex", 1), ("initech", 3), ("globex", 1)]
+            plan += [("hooli", 1), ("stark", 1)]
             steps = [
                 only_step(services.enqueue(LIMITED, {"customer": c, "cost": n}).task)
                 for c, n in plan
             ]
             place = {step.pk: index for index, step in enumerate(steps)}
+            LimitKey.objects.filter(limit="parity_customers", key="hooli").update(
+                paused_at=timezone.now()
+            )
+            limited_claims.hold([("parity_customers", "stark", 1)], 3600, "429 from the remote")
             refill_rate()
             first = claim(limit=5)
             claims = [HELD[pk] for pk in first]
@@ -89,7 +97,8 @@ def _story(fast: bool, settings: Any) -> dict[str, Any]:
                         "key": (row.limit, row.key),
                         "last_turn": row.last_turn,
                         "spent": sum(row.window.get("spent", ())),
-                        "held_until": row.held_until,
+                        "held": row.held_until is not None,
+                        "paused": row.paused_at is not None,
                     }
                     for row in LimitKey.objects.order_by("limit", "key")
                 ],
@@ -116,7 +125,8 @@ def test_a_claim_under_limits_leaves_the_same_rows_by_its_statement_and_by_the_o
     # The story reaches every rule. Keys take turns (acme 1-4, globex 1-2, initech 1): the
     # first claim takes four steps worth six units, and refuses globex's second by the rate
     # and acme's third and fourth by concurrency; with acme's first done and the rate's
-    # period over, the second takes those two in turn and refuses acme's fourth again.
+    # period over, the second takes those two in turn and refuses acme's fourth again. The
+    # paused and the held customer's steps wait through both.
     assert by_statement["claimed"] == [[0, 4, 5, 1], [6, 2]]
-    assert by_statement["pending"] == [3]
+    assert by_statement["pending"] == [3, 7, 8]
     assert_same(by_orm, by_statement, names=("the ORM", "the statement"))
