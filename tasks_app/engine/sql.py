@@ -321,15 +321,15 @@ FROM tasks t JOIN input i ON i.id = t.id JOIN states st ON st.task_id = t.id
 # (step_limited_due_idx), a step whose last lease ran out only when the batch is one.
 LIMITED_CANDIDATES_SQL = f"""
 WITH named AS (
-    SELECT s.id, s.task_id, s.queue, s.limits::text, s.limit_turn, s.error_class
+    SELECT s.id, s.task_id, s.queue, s.limits::text, s.limit_turn, s.error_class,
+        0 AS rank, s.priority, s.available_at
     FROM tasks_app_step s
     WHERE s.id = %(step)s AND s.status = 'pending' AND s.available_at <= %(now)s
       AND s.limit_turn IS NOT NULL
       AND s.queue NOT IN (SELECT name FROM tasks_app_queuestate WHERE paused)
-)
-SELECT *, 0 FROM named
-UNION ALL (
-    SELECT s.id, s.task_id, s.queue, s.limits::text, s.limit_turn, s.error_class, 1
+), rest AS (
+    SELECT s.id, s.task_id, s.queue, s.limits::text, s.limit_turn, s.error_class,
+        1 AS rank, s.priority, s.available_at
     FROM tasks_app_step s
     WHERE s.queue = COALESCE(%(queue)s, (SELECT queue FROM named))
       AND s.status = 'pending' AND s.available_at <= %(now)s AND s.limit_turn IS NOT NULL
@@ -338,6 +338,10 @@ UNION ALL (
     ORDER BY s.priority DESC, s.limit_turn, s.available_at
     LIMIT %(size)s
 )
+SELECT id, task_id, queue, limits, limit_turn, error_class, rank FROM (
+    SELECT * FROM named UNION ALL SELECT * FROM rest
+) AS c
+ORDER BY rank, priority DESC, limit_turn, available_at
 """  # noqa: S608 (a constant, not input)
 
 # ORM twin: limited_claims._Decision.book. The rate windows as the claim spent them and the
