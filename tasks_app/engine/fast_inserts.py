@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tasks_app.db import rows
+from tasks_app.db.hot_cursor import hot_cursor
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.fastpath import hot_cursor
 from tasks_app.engine.sql import INSERT_SQL
 from tasks_app.models import Task, TaskStatus
 from tasks_app.models.graphs import is_root

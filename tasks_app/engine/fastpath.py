@@ -17,18 +17,16 @@ its tasks in id order before touching their steps.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
-import psycopg
 from django.conf import settings
 from django.db import connection, transaction
-from psycopg.types.datetime import TimestamptzLoader
 
 from tasks_app.access import SYSTEM
 from tasks_app.db import rows
-from tasks_app.db.deadlines import bounded
+from tasks_app.db.hot_cursor import hot_cursor
 from tasks_app.db.lock_conflicts import retry_lock_conflicts
 from tasks_app.engine import leases, limited_claims
 from tasks_app.engine.announcements import announce_on_commit
@@ -46,26 +44,6 @@ from tasks_app.exceptions import LEASE_EXPIRED
 from tasks_app.history import counting
 from tasks_app.models import EventKind, Step, Task
 from tasks_app.models.json_columns import strict_json
-
-
-@contextmanager
-def hot_cursor() -> Iterator[psycopg.Cursor[Any]]:
-    """A psycopg cursor with server-side parameter binding on Django's connection.
-
-    Arrays of thousands of values are sent as parameters instead of being quoted into the
-    statement text, and statements run often are prepared by psycopg.
-    """
-    connection.ensure_connection()
-    with (
-        connection.wrap_database_errors,
-        bounded(connection.connection),
-        psycopg.Cursor(connection.connection) as cursor,
-    ):
-        # psycopg's own loader, in C: the session's time zone is UTC (Django sets it), so
-        # it reads what Django's wrapper around it reads, without a Python call for each of
-        # the nine timestamps of a claimed step and its task.
-        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
-        yield cursor
 
 
 def claim_batch(
