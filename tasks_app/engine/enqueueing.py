@@ -17,7 +17,7 @@ from tasks_app.db.clock import db_now
 from tasks_app.engine import tracing_hooks
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.fast_inserts import insert_tasks
-from tasks_app.engine.limited_claims import assign_turns
+from tasks_app.engine.limit_keys import assign_turns
 from tasks_app.engine.limits import Placement, place
 from tasks_app.engine.states import make_due, new_step
 from tasks_app.engine.transitions import bump_counter, fast_path_enabled
@@ -294,7 +294,7 @@ def _insert(items: list[PreparedItem], actor: Actor) -> tuple[list[EnqueueResult
 
 
 def _turns(unique: list[tuple[int, PreparedItem]]) -> dict[int, int | None]:
-    """Each limited item's turn (limited_claims.assign_turns), by item index."""
+    """Each limited item's turn (limit_keys.assign_turns), by item index."""
     limited = [(index, item) for index, item in unique if item.placement.turn_key is not None]
     if not limited:
         return {}

@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
@@ -53,8 +52,6 @@ from tasks_app.models import LimitKey, LimitState, Step, StepStatus, Task
 # more, and up to SCAN when limits refused some of those.
 FIRST_SCAN = 10
 SCAN = 500
-# The longest a remote's "retry after" holds a key (exceptions.RateLimited).
-MAX_HOLD_SECONDS = 3600.0
 # The advisory lock every claim under limits takes first (PostgreSQL).
 LOCK = zlib.crc32(b"tasks_app.limited_claims")
 
@@ -243,8 +240,8 @@ class _Decision:
         if fast_path_enabled():
             _book_at_once(spent, turns)
             return
-        # In key order, as enqueue locks them (assign_turns), so neither waits on the other
-        # in a circle.
+        # In key order, as enqueue locks them (limit_keys.assign_turns), so neither waits on
+        # the other in a circle.
         for (name, key), window in sorted(spent.items()):
             LimitKey.objects.filter(limit=name, key=key).update(window=window.stored())
         for name, turn in turns.items():
@@ -354,58 +351,3 @@ def _take(
     start_attempts(ids, worker_id=worker_id, lease_seconds=lease_seconds, at=now)
     taken = Step.objects.select_related("task").in_bulk(ids)
     return _Taken(set(ids), models=[taken[pk] for pk in ids])
-
-
-def hold(entries: Iterable[Sequence[Any]], seconds: float, reason: str) -> float:
-    """Hold every key of a step's limits (``Step.limits``) for ``seconds`` from now (at
-    most ``MAX_HOLD_SECONDS``; a later hold already in place stays): a remote asked to be
-    left alone that long. Returns the seconds held."""
-    if not math.isfinite(seconds) or seconds < 0:
-        seconds = 0.0
-    seconds = min(seconds, MAX_HOLD_SECONDS)
-    pairs = sorted({(str(name), str(key)) for name, key, _weight in entries})
-    if not pairs or seconds == 0:
-        return seconds
-    with transaction.atomic():
-        until = db_now() + timedelta(seconds=seconds)
-        # In key order, as the claims write them (_Decision.book).
-        for name, key in pairs:
-            LimitKey.objects.filter(limit=name, key=key).filter(
-                Q(held_until__isnull=True) | Q(held_until__lt=until)
-            ).update(held_until=until, held_reason=reason[:500])
-    return seconds
-
-
-def assign_turns(
-    turn_keys: Sequence[tuple[str, str] | None], pairs: Iterable[tuple[str, str]]
-) -> list[int | None]:
-    """Turns for items about to be enqueued, in order: each item's key takes the turns after
-    its last one, or after its limit's clock when that is later (an idle key starts where
-    the others are). Creates the rows of the limits and keys (``pairs``) the claims read."""
-    pairs = sorted(set(pairs))
-    LimitState.objects.bulk_create(
-        [LimitState(name=name) for name in sorted({name for name, _ in pairs})],
-        ignore_conflicts=True,
-    )
-    LimitKey.objects.bulk_create(
-        [LimitKey(limit=name, key=key) for name, key in pairs], ignore_conflicts=True
-    )
-    by_key: dict[tuple[str, str], int] = collections.Counter(k for k in turn_keys if k)
-    clocks = dict(
-        LimitState.objects.filter(name__in={name for name, _ in by_key}).values_list("name", "turn")
-    )
-    firsts: dict[tuple[str, str], int] = {}
-    # In key order, as the claims write them (_Decision.book).
-    for (name, key), count in sorted(by_key.items()):
-        row = LimitKey.objects.select_for_update().get(limit=name, key=key)
-        start = max(clocks.get(name, 0), row.last_turn)
-        LimitKey.objects.filter(pk=row.pk).update(last_turn=start + count)
-        firsts[(name, key)] = start + 1
-    turns: list[int | None] = []
-    for turn_key in turn_keys:
-        if turn_key is None:
-            turns.append(None)
-            continue
-        turns.append(firsts[turn_key])
-        firsts[turn_key] += 1
-    return turns

@@ -20,6 +20,7 @@ from tasks_app.engine import crashes, fan_outs, fastpath, leases, limited_claims
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.effects import LeaseLost
 from tasks_app.engine.lease_keeper import lease_keeper
+from tasks_app.engine.limit_keys import hold
 from tasks_app.engine.tracing_hooks import attempts as attempt_spans
 from tasks_app.engine.transitions import completes_alone, step_context
 from tasks_app.engine.workflows import StepContext, StepSpec, Workflow, registry
@@ -188,7 +189,7 @@ def _run_one(claim: leases.Claim, step: Step) -> Any:
         # The remote's own word on when to come back: the keys the step runs under wait
         # that long too, so the steps behind it are not claimed only to meet a 429 as well.
         lease_keeper.forget(claim)
-        seconds = limited_claims.hold(step.limits or (), exc.retry_after, error_text(exc))
+        seconds = hold(step.limits or (), exc.retry_after, error_text(exc))
         message = error_text(exc)
         leases.fail_step(
             claim, error_class=error_class(exc), message=message, retry_in=seconds, reason=""

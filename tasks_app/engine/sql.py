@@ -346,7 +346,7 @@ ORDER BY rank, priority DESC, limit_turn, available_at
 
 # ORM twin: limited_claims._Decision.book. The rate windows as the claim spent them and the
 # limits' turn clocks moved on, each row locked in key order first (as enqueue locks them:
-# limited_claims.assign_turns), so neither waits on the other in a circle.
+# limit_keys.assign_turns), so neither waits on the other in a circle.
 LIMITED_BOOK_SQL = """
 WITH spent AS MATERIALIZED (
     SELECT k.id, v.spent FROM tasks_app_limitkey k

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tasks_app import services
-from tasks_app.engine import limited_claims
+from tasks_app.engine import limit_keys
 from tasks_app.engine.limits import Limit
 from tasks_app.models import LimitKey, LimitState, Step
 from tasks_app.workflows import StepSpec, Workflow, register, registry
@@ -72,7 +72,7 @@ def _story(fast: bool, settings: Any) -> dict[str, Any]:
             LimitKey.objects.filter(limit="parity_customers", key="hooli").update(
                 paused_at=timezone.now()
             )
-            limited_claims.hold([("parity_customers", "stark", 1)], 3600, "429 from the remote")
+            limit_keys.hold([("parity_customers", "stark", 1)], 3600, "429 from the remote")
             refill_rate()
             first = claim(limit=5)
             claims = [HELD[pk] for pk in first]

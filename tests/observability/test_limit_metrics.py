@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from tasks_app import services
-from tasks_app.engine import fastpath, limited_claims
+from tasks_app.engine import fastpath, limit_keys
 from tasks_app.engine.limit_standing import SLICES
 from tasks_app.engine.limits import Limit
 from tasks_app.models import LimitKey, Step
@@ -154,7 +154,7 @@ def test_a_paused_key_and_a_held_one_saturate_their_limit_while_steps_wait(
 
     # A remote answered 429 for globex's step: all its keys are held, its due steps wait.
     globex = enqueue("globex")
-    limited_claims.hold(globex.limits or [], 120, "429 from the remote")
+    limit_keys.hold(globex.limits or [], 120, "429 from the remote")
     held = scrape(client)
     assert value(held, "tasks_limit_keys_held", limit="metered_customers") == 1
     assert value(held, "tasks_limit_keys_held", limit="metered_sends") == 1
