@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from tasks_app.db.hot_cursor import hot_cursor
 from tasks_app.db.rows import from_row
 from tasks_app.engine.limits import Limit, Numbers, Rate, configured, declared
 from tasks_app.engine.transitions import fast_path_enabled
@@ -236,8 +237,8 @@ def read_at_once(
     if not pairs:
         return states, keys, running
     names, key_names = zip(*pairs, strict=True)
-    with connection.cursor() as cursor:
-        cursor.execute(STANDING_SQL, {"names": list(names), "keys": list(key_names)})
+    with hot_cursor() as cursor:
+        cursor.execute(STANDING_SQL, {"names": list(names), "keys": list(key_names)}, prepare=True)
         rows = cursor.fetchall()
     width = len(_KEY_COLUMNS)
     for name, key, count, *rest in rows:

@@ -33,14 +33,15 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 
 from tasks_app.db.clock import db_now
+from tasks_app.db.hot_cursor import hot_cursor
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim, claimed_steps
 from tasks_app.engine.limit_standing import AT_RATE, HELD, Standing, Window
 from tasks_app.engine.sql import (
     CLAIM_IDS_SQL,
     LIMITED_BOOK_SQL,
-    LIMITED_CANDIDATES_SQL,
     LIMITED_DUE_SQL,
+    limited_candidates_sql,
 )
 from tasks_app.engine.states import start_attempts
 from tasks_app.engine.transitions import fast_path_enabled, paused_filter
@@ -70,7 +71,7 @@ class Claimed:
 def _serialize() -> datetime:
     """Wait for the claims before this one; the database's time once they are done."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
+        with hot_cursor() as cursor:
             # The lock is taken before the clock is read (the select list runs in order),
             # so this claim's time is never before that of the claim it waited for.
             # Bitmap scans are off for the claim: the running steps are read through
@@ -81,8 +82,11 @@ def _serialize() -> datetime:
                 "SELECT pg_advisory_xact_lock(%s), clock_timestamp(),"
                 " set_config('enable_bitmapscan', 'off', true)",
                 [LOCK],
+                prepare=True,
             )
-            now: datetime = cursor.fetchone()[1]
+            row = cursor.fetchone()
+            assert row is not None
+            now: datetime = row[1]
             return now
     return db_now()
 
@@ -90,9 +94,10 @@ def _serialize() -> datetime:
 def has_due(queue: str) -> bool:
     """Whether ``queue`` has a due step under limits (step_limited_due_idx)."""
     if fast_path_enabled():
-        with connection.cursor() as cursor:
-            cursor.execute(LIMITED_DUE_SQL, [queue])
-            return bool(cursor.fetchone()[0])
+        with hot_cursor() as cursor:
+            cursor.execute(LIMITED_DUE_SQL, [queue], prepare=True)
+            row = cursor.fetchone()
+            return row is not None and bool(row[0])
     return Step.objects.due().filter(queue=queue, limit_turn__isnull=False).exists()
 
 
@@ -192,16 +197,11 @@ def _candidates_at_once(
     limit: int,
 ) -> list[Candidate]:
     """:func:`_candidates` by one statement (PostgreSQL's fast path)."""
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(
-            LIMITED_CANDIDATES_SQL,
-            {
-                "step": step_id,
-                "queue": queue,
-                "now": now,
-                "limit": limit,
-                "size": 0 if only_named else size,
-            },
+            limited_candidates_sql(0 if only_named else size),
+            {"step": step_id, "queue": queue, "now": now, "limit": limit},
+            prepare=True,
         )
         rows = cursor.fetchall()
     named: list[Candidate] = []
@@ -253,7 +253,7 @@ def _book_at_once(spent: dict[tuple[str, str], Window], turns: dict[str, int]) -
     if not spent and not turns:
         return
     pairs = sorted(spent)
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(
             LIMITED_BOOK_SQL,
             {
@@ -263,6 +263,7 @@ def _book_at_once(spent: dict[tuple[str, str], Window], turns: dict[str, int]) -
                 "limits": sorted(turns),
                 "turns": [turns[name] for name in sorted(turns)],
             },
+            prepare=True,
         )
 
 
@@ -324,7 +325,7 @@ def _take(
     if not admitted:
         return _Taken(set())
     if fast_path_enabled():
-        with connection.cursor() as cursor:
+        with hot_cursor() as cursor:
             cursor.execute(
                 CLAIM_IDS_SQL,
                 {
@@ -333,6 +334,7 @@ def _take(
                     "lease": lease_seconds,
                     "worker": worker_id,
                 },
+                prepare=True,
             )
             rows = cursor.fetchall()
         return _Taken({row[0] for row in rows}, rows=rows)

@@ -336,13 +336,21 @@ WITH named AS (
       AND s.queue NOT IN (SELECT name FROM tasks_app_queuestate WHERE paused)
       AND (%(limit)s = 1 OR s.error_class <> '{LEASE_EXPIRED}')
     ORDER BY s.priority DESC, s.limit_turn, s.available_at
-    LIMIT %(size)s
+    LIMIT {{size}}
 )
 SELECT id, task_id, queue, limits, limit_turn, error_class, rank FROM (
     SELECT * FROM named UNION ALL SELECT * FROM rest
 ) AS c
 ORDER BY rank, priority DESC, limit_turn, available_at
 """  # noqa: S608 (a constant, not input)
+
+
+@cache
+def limited_candidates_sql(size: int) -> str:
+    """The candidates statement reading ``size`` of the queue's steps (in its text, as
+    claim_sql writes the batch size, so each size is planned once)."""
+    return LIMITED_CANDIDATES_SQL.replace("{size}", str(int(size)))
+
 
 # ORM twin: limited_claims._Decision.book. The rate windows as the claim spent them and the
 # limits' turn clocks moved on, each row locked in key order first (as enqueue locks them:
