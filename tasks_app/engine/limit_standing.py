@@ -261,26 +261,47 @@ TALLY_SQL = (
     "SELECT e->>0, e->>1, count(*) FROM tasks_app_step s, jsonb_array_elements(s.limits) e"
     " WHERE s.status = %s AND s.limit_turn IS NOT NULL GROUP BY 1, 2"
 )
-DUE_TALLY_SQL = TALLY_SQL.replace(
-    " GROUP BY", " AND s.available_at <= statement_timestamp() GROUP BY"
+# The due steps under limits by limit, key and weight (step_limited_due_idx).
+WAITING_SQL = (
+    "SELECT e->>0, e->>1, (e->>2)::bigint, count(*)"
+    " FROM tasks_app_step s, jsonb_array_elements(s.limits) e"
+    " WHERE s.status = 'pending' AND s.limit_turn IS NOT NULL"
+    " AND s.available_at <= statement_timestamp() GROUP BY 1, 2, 3"
 )
 
 
-def tally(status: str, *, due: bool = False) -> collections.Counter[tuple[str, str]]:
-    """The steps under limits in ``status`` (with ``due``: only those whose time has come),
-    counted by limit and key. On PostgreSQL the database counts them and returns a row per
-    key; elsewhere they are counted here."""
+def tally(status: str) -> collections.Counter[tuple[str, str]]:
+    """The steps under limits in ``status``, counted by limit and key. On PostgreSQL the
+    database counts them and returns a row per key; elsewhere they are counted here."""
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(DUE_TALLY_SQL if due else TALLY_SQL, [status])
+            cursor.execute(TALLY_SQL, [status])
             for name, key, count in cursor.fetchall():
                 counts[(name, key)] += count
         return counts
     steps = Step.objects.filter(status=status, limit_turn__isnull=False)
-    if due:
-        steps = steps.filter(available_at__lte=Now())
     for entries in steps.values_list("limits", flat=True):
         for name, key, _weight in entries or ():
             counts[(name, key)] += 1
+    return counts
+
+
+def waiting_weights() -> collections.Counter[tuple[str, str, int]]:
+    """The due steps under limits, counted by limit, key and the weight they spend of it:
+    a step waits on a rate when its own weight does not fit, whatever its key's others
+    spend (the claim weighs each step by itself)."""
+    counts: collections.Counter[tuple[str, str, int]] = collections.Counter()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(WAITING_SQL)
+            for name, key, weight, count in cursor.fetchall():
+                counts[(name, key, int(weight))] += count
+        return counts
+    due = Step.objects.filter(
+        status=StepStatus.PENDING, limit_turn__isnull=False, available_at__lte=Now()
+    )
+    for entries in due.values_list("limits", flat=True):
+        for name, key, weight in entries or ():
+            counts[(name, key, int(weight))] += 1
     return counts

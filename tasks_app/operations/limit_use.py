@@ -15,7 +15,13 @@ from typing import Any
 from django.db.models import Q
 
 from tasks_app.db.clock import db_now
-from tasks_app.engine.limit_standing import Refusal, Standing, numbers, running_counts, tally
+from tasks_app.engine.limit_standing import (
+    Refusal,
+    Standing,
+    numbers,
+    running_counts,
+    waiting_weights,
+)
 from tasks_app.engine.limits import Numbers, configured, declared
 from tasks_app.exceptions import InvalidInput
 from tasks_app.models import LimitKey, LimitState, Step, StepStatus
@@ -43,8 +49,12 @@ class KeyUse:
     paused_reason: str = ""
     held_until: datetime | None = None
     held_reason: str = ""
-    # When the rate lets one more unit in (None: it has room, or no rate).
+    # When the rate lets the lightest waiting step in, or one unit when none waits (None:
+    # it has room, or no rate).
     next_free: datetime | None = None
+    # The waiting steps by the weight each spends of the limit: (weight, steps), lightest
+    # first.
+    waiting_weights: tuple[tuple[int, int], ...] = ()
 
     @property
     def at_concurrency(self) -> bool:
@@ -53,8 +63,24 @@ class KeyUse:
 
     @property
     def at_rate(self) -> bool:
+        """Whether the rate holds back every waiting step (not one more unit fits, when
+        none waits)."""
         rate = self.numbers.rate if self.numbers else None
-        return rate is not None and self.spent is not None and self.spent >= rate.count
+        if rate is None or self.spent is None:
+            return False
+        lightest = self.waiting_weights[0][0] if self.waiting_weights else 1
+        return self.spent + lightest > rate.count
+
+    @property
+    def waiting_on_rate(self) -> int:
+        """The waiting steps whose own weight does not fit in what the rate has left."""
+        rate = self.numbers.rate if self.numbers else None
+        if rate is None or self.spent is None:
+            return 0
+        if not self.waiting_weights:
+            return self.waiting if self.spent >= rate.count else 0
+        left = rate.count - self.spent
+        return sum(steps for weight, steps in self.waiting_weights if weight > left)
 
     @property
     def at_limit(self) -> bool:
@@ -122,16 +148,19 @@ def _workflows_of() -> dict[str, list[str]]:
     return names
 
 
-def waiting_counts(names: Iterable[str] | None = None) -> collections.Counter[Pair]:
-    """Due pending steps under each limit and key (step_limited_due_idx)."""
+def waiting_counts(
+    names: Iterable[str] | None = None,
+) -> tuple[collections.Counter[Pair], dict[Pair, dict[int, int]]]:
+    """Due pending steps under each limit and key (step_limited_due_idx), and how many of
+    them spend each weight."""
     wanted = set(names) if names is not None else None
-    return collections.Counter(
-        {
-            pair: count
-            for pair, count in tally(StepStatus.PENDING, due=True).items()
-            if wanted is None or pair[0] in wanted
-        }
-    )
+    counts: collections.Counter[Pair] = collections.Counter()
+    weights: dict[Pair, dict[int, int]] = collections.defaultdict(dict)
+    for (name, key, weight), count in waiting_weights().items():
+        if wanted is None or name in wanted:
+            counts[(name, key)] += count
+            weights[(name, key)][weight] = count
+    return counts, weights
 
 
 def holders(pairs: Iterable[Pair] | None = None) -> dict[Pair, list[int]]:
@@ -155,7 +184,7 @@ def uses(now: datetime | None = None) -> list[LimitUse]:
     states = {state.name: state for state in LimitState.objects.all()}
     names = sorted(set(known) | set(states))
     effective = {name: numbers(states.get(name), known.get(name)) for name in names}
-    waiting = waiting_counts(names)
+    waiting, weights = waiting_counts(names)
     running = running_counts()
     marked = LimitKey.objects.filter(limit__in=names).filter(
         Q(key="") | Q(paused_at__isnull=False) | Q(held_until__gt=now)
@@ -186,7 +215,9 @@ def uses(now: datetime | None = None) -> list[LimitUse]:
         state = states.get(name)
         in_effect = effective[name]
         keys = [
-            _key_use(pair, in_effect, standing, waiting, rows.get(pair), held.get(pair, []))
+            _key_use(
+                pair, in_effect, standing, waiting, weights, rows.get(pair), held.get(pair, [])
+            )
             for pair in sorted(pair for pair in chosen if pair[0] == name)
         ]
         keys.sort(key=lambda use: (not use.at_limit, -use.waiting, -use.running, use.key))
@@ -215,18 +246,24 @@ def _key_use(
     in_effect: Numbers | None,
     standing: Standing,
     waiting: collections.Counter[Pair],
+    weights: dict[Pair, dict[int, int]],
     row: LimitKey | None,
     held: list[int],
 ) -> KeyUse:
     window = standing.windows.get(pair)
     rate = in_effect.rate if in_effect else None
+    waiting_weights = tuple(sorted(weights.get(pair, {}).items()))
     next_free = None
-    if window is not None and rate is not None and window.used >= rate.count:
-        next_free = window.frees_at(1, rate.count)
+    if window is not None and rate is not None:
+        # When the lightest waiting step fits (one unit when none waits).
+        lightest = waiting_weights[0][0] if waiting_weights else 1
+        if window.used + lightest > rate.count:
+            next_free = window.frees_at(lightest, rate.count)
     return KeyUse(
         key=pair[1],
         running=standing.running[pair],
         waiting=waiting[pair],
+        waiting_weights=waiting_weights,
         spent=window.used if window is not None else None,
         numbers=in_effect,
         holders=tuple(held),

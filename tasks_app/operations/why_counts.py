@@ -121,8 +121,8 @@ def _limits(now: datetime) -> list[WaitingCount]:
             elif key.held_until is not None:
                 counts[LIMIT_HELD] += key.waiting
                 held_until = max(held_until or key.held_until, key.held_until)
-            elif key.at_rate:
-                counts[LIMIT_RATE] += key.waiting
+            elif key.waiting_on_rate:
+                counts[LIMIT_RATE] += key.waiting_on_rate
         for kind, steps in counts.items():
             if steps:
                 until = held_until if kind == LIMIT_HELD else None

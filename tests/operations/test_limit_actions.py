@@ -20,7 +20,7 @@ from tasks_app.engine.limit_standing import AT_CONCURRENCY, AT_RATE, HELD, PAUSE
 from tasks_app.engine.limits import Limit
 from tasks_app.exceptions import InvalidInput, NotPermitted, RateLimited
 from tasks_app.models import Event, EventKind, LimitKey, LimitState, Step, StepStatus
-from tasks_app.operations import limit_use
+from tasks_app.operations import limit_use, why_counts
 from tasks_app.operations import limits as actions
 from tasks_app.operations.limit_use import holding, use_of, uses
 from tasks_app.workflows import StepSpec, Workflow, register, registry
@@ -280,3 +280,40 @@ def test_a_limits_totals_count_every_key_and_it_lists_those_at_their_limit_first
     assert customers.more_keys == 3
     listed = [key.key for key in customers.keys]
     assert len(listed) == 2 and listed[0] == "acme" and customers.keys[0].at_concurrency
+
+
+@pytest.fixture
+def weighted() -> Iterator[str]:
+    """One step spending its payload's ``cost`` of five units a minute."""
+    name = "test.limit_actions.weighted"
+    register(
+        Workflow(
+            name,
+            1,
+            steps=(StepSpec("call", _call),),
+            limits=(Limit("acts_tokens", rate="5/m", weight="cost"),),
+        )
+    )
+    yield name
+    registry.unregister(name, 1)
+
+
+@pytest.mark.django_db
+def test_a_step_too_heavy_for_what_the_rate_has_left_is_counted_as_waiting_on_it(
+    weighted: str,
+) -> None:
+    """Four of five units spent: a step of three waits on the rate though a unit is left,
+    as its task page says, and the Overview and the Limits page count it so."""
+    heavy, light, heavier = (
+        only_step(services.enqueue(weighted, {"cost": cost}).task) for cost in (3, 1, 3)
+    )
+    refill_rate()
+    assert claim() == [heavy.pk, light.pk]
+    refused = holding(Step.objects.get(pk=heavier.pk).limits)
+    assert refused is not None and (refused.why, refused.limit) == (AT_RATE, "acts_tokens")
+    [key] = use_of("acts_tokens").keys
+    assert (key.spent, key.waiting, key.waiting_weights) == (4, 1, ((3, 1),))
+    assert key.at_rate and key.waiting_on_rate == 1
+    assert key.next_free == refused.until
+    [count] = [c for c in why_counts.waiting() if c.subject == "acts_tokens"]
+    assert (count.kind, count.steps) == ("limit_rate", 1)
