@@ -1,8 +1,10 @@
-"""The statements of the hot path (``tasks_app.engine.fastpath`` runs them on PostgreSQL).
+"""The statements of the hot path (``tasks_app.engine.fastpath`` and ``limited_claims`` run
+them on PostgreSQL).
 
 Each restates rules whose home is Python code, named beside it; ``tests/engine/test_parity.py``
-runs the same scenarios through both and compares the rows and events they leave, and
-``tests/engine/test_orm_path.py`` runs the Python side with this one switched off.
+(and ``test_limit_parity.py`` for the claim under limits) runs the same scenarios through
+both and compares the rows and events they leave, and ``tests/engine/test_orm_path.py``
+runs the Python side with this one switched off.
 """
 
 from __future__ import annotations
