@@ -18,8 +18,8 @@ from tasks_app import validation
 from tasks_app.access import Actor, actor_fields, check_permission
 from tasks_app.db.clock import db_now
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
-from tasks_app.engine.limit_standing import Standing
-from tasks_app.engine.limits import Numbers, Rate
+from tasks_app.engine.limit_standing import Standing, numbers
+from tasks_app.engine.limits import Numbers, Rate, declared
 from tasks_app.exceptions import InvalidInput, InvalidTransition
 from tasks_app.history.events import record_event
 from tasks_app.models import EventKind, LimitKey, LimitState, Step
@@ -178,14 +178,14 @@ def _change(
     who, _ = actor_fields(actor)
     with transaction.atomic():
         state, _ = LimitState.objects.select_for_update().get_or_create(name=use.name)
-        if seen is not None:
-            # Read again under the row's lock: a change committed since is seen here.
-            use = use_of(use.name)
-            if stamp(use.numbers) != seen:
-                raise StaleChange(
-                    f"Nothing changed: the numbers of {use.name} were changed since your "
-                    f"preview (now {describe(use.numbers)}). Preview again."
-                )
+        # The numbers in effect as the locked row says: a change committed since the
+        # lookup above is seen here, by the preview's check and in the event's "before".
+        before = numbers(state, declared().get(use.name))
+        if seen is not None and stamp(before) != seen:
+            raise StaleChange(
+                f"Nothing changed: the numbers of {use.name} were changed since your "
+                f"preview (now {describe(before)}). Preview again."
+            )
         state.overridden = after is not None
         state.concurrency = after.concurrency if after is not None else None
         state.rate = str(after.rate) if after is not None and after.rate else ""
@@ -200,7 +200,7 @@ def _change(
             actor=actor,
             reason=reason,
             limit=use.name,
-            before=_stored(use.numbers),
+            before=_stored(before),
             after=_stored(effect),
             live=after is not None,
         )
