@@ -32,6 +32,12 @@ type Pair = tuple[str, str]
 MAX_KEYS = 200
 
 
+def lightest(waiting_weights: Sequence[tuple[int, int]]) -> int:
+    """The weight of the lightest waiting step (``KeyUse.waiting_weights``, lightest
+    first); one unit when none waits."""
+    return waiting_weights[0][0] if waiting_weights else 1
+
+
 @dataclass(frozen=True)
 class KeyUse:
     """One key of a limit now ('' for an unpartitioned limit)."""
@@ -68,8 +74,7 @@ class KeyUse:
         rate = self.numbers.rate if self.numbers else None
         if rate is None or self.spent is None:
             return False
-        lightest = self.waiting_weights[0][0] if self.waiting_weights else 1
-        return self.spent + lightest > rate.count
+        return self.spent + lightest(self.waiting_weights) > rate.count
 
     @property
     def waiting_on_rate(self) -> int:
@@ -77,8 +82,6 @@ class KeyUse:
         rate = self.numbers.rate if self.numbers else None
         if rate is None or self.spent is None:
             return 0
-        if not self.waiting_weights:
-            return self.waiting if self.spent >= rate.count else 0
         left = rate.count - self.spent
         return sum(steps for weight, steps in self.waiting_weights if weight > left)
 
@@ -256,9 +259,9 @@ def _key_use(
     next_free = None
     if window is not None and rate is not None:
         # When the lightest waiting step fits (one unit when none waits).
-        lightest = waiting_weights[0][0] if waiting_weights else 1
-        if window.used + lightest > rate.count:
-            next_free = window.frees_at(lightest, rate.count)
+        weight = lightest(waiting_weights)
+        if window.used + weight > rate.count:
+            next_free = window.frees_at(weight, rate.count)
     return KeyUse(
         key=pair[1],
         running=standing.running[pair],
