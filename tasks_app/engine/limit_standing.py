@@ -52,9 +52,11 @@ class Window:
         spent = [0] * (SLICES + 1)
         if stored:
             if stored.get("width") == width:
+                # Each slice moves ``shift`` places older; the oldest leave, the newest
+                # start empty.
                 shift = max(current - int(stored["slice"]), 0)
                 kept = list(stored["spent"])[shift:] if shift <= SLICES else []
-                spent = [0] * (SLICES + 1 - len(kept)) + kept
+                spent = kept + [0] * (SLICES + 1 - len(kept))
             else:
                 spent[-1] = sum(stored.get("spent", ()))
         return cls(width, current, spent)

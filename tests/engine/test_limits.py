@@ -290,3 +290,22 @@ def test_a_window_counts_every_slice_a_period_reaches_into() -> None:
     # Kept under another period: the whole spend counts as spent now.
     changed = Window.at(window.stored(), Rate(10, 2.0), start)
     assert changed.used == 10
+
+
+def test_a_window_lets_each_spend_leave_a_period_after_its_own_slice() -> None:
+    rate = Rate(10, 1.0)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    window = Window.at({}, rate, start)
+    window.spend(4)
+    half = start + timedelta(seconds=0.5)
+    window = Window.at(window.stored(), rate, half)
+    window.spend(6)
+    assert window.used == 10
+    # The first spend leaves a period (and its slice) after it, the second half a period
+    # later: each in its turn, not both with the newest.
+    assert window.frees_at(4, 10) == start + timedelta(seconds=1.05)
+    first_gone = Window.at(window.stored(), rate, start + timedelta(seconds=1.05))
+    assert first_gone.used == 6
+    assert first_gone.frees_at(5, 10) == half + timedelta(seconds=1.05)
+    both_gone = Window.at(first_gone.stored(), rate, half + timedelta(seconds=1.05))
+    assert both_gone.used == 0
