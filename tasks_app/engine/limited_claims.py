@@ -34,6 +34,7 @@ from django.db.models import QuerySet
 
 from tasks_app.db.clock import db_now
 from tasks_app.db.hot_cursor import hot_cursor
+from tasks_app.engine import limited_at_once
 from tasks_app.engine.dispatch import Doorbell, ring_on_commit
 from tasks_app.engine.leases import Claim, claimed_steps
 from tasks_app.engine.limit_standing import AT_RATE, HELD, Standing, Window
@@ -112,6 +113,44 @@ def claim(
 ) -> Claimed:
     """Claim up to ``limit`` due steps under limits of ``queue`` (or the named step's),
     ``step_id`` first if it may run now; with ``only_named``, that step or nothing."""
+    if not fast_path_enabled():
+        return _weigh_and_claim(queue, worker_id, limit, lease_seconds, step_id, only_named)
+    # One round trip takes the steps the limits let in, as far as the first they refuse
+    # (so it reads no more than the batch); past it, the decision here weighs the rest.
+    prefix = limited_at_once.claim(
+        queue=queue,
+        worker_id=worker_id,
+        limit=limit,
+        lease_seconds=lease_seconds,
+        step_id=step_id,
+        only_named=only_named,
+        size=limit,
+    )
+    _count(prefix.claims)
+    if prefix.decided:
+        return Claimed(prefix.claims, None, prefix.alone)
+    taken = prefix.claims
+    if taken:
+        queue = queue or taken[0].queue
+        if step_id in {c.step_id for c in taken}:
+            step_id = None
+    rest = _weigh_and_claim(
+        queue, worker_id, limit - len(taken), lease_seconds, step_id, only_named, bool(taken)
+    )
+    return Claimed(taken + rest.claims, rest.retry_at, rest.alone)
+
+
+def _weigh_and_claim(
+    queue: str | None,
+    worker_id: str,
+    limit: int,
+    lease_seconds: int,
+    step_id: int | None,
+    only_named: bool,
+    after_some: bool = False,
+) -> Claimed:
+    """:func:`claim` by the decision here (``after_some``: this claim follows one that took
+    steps already, so a rate holding the rest back is not rung for)."""
     with transaction.atomic():
         now = _serialize()
         # Few candidates first: while limits have room, the first of them are the claim.
@@ -127,9 +166,11 @@ def claim(
             # Limits refused some: read further, past the keys at their limit.
             candidates = _candidates(queue, step_id, now, only_named, SCAN, limit)
             decision = _decide(candidates, limit, now)
+        if decision.refused_by:
+            counting.add({f"{counting.LIMIT_REFUSED}:{name}": 1 for name in decision.refused_by})
         taken = _take(decision.admitted, worker_id, lease_seconds, now)
         decision.book([step for step in decision.admitted if step.pk in taken.ids])
-        retry_at = decision.retry_at if not taken.ids else None
+        retry_at = decision.retry_at if not taken.ids and not after_some else None
         if retry_at is not None:
             # Nothing could start for a rate: ring once for when it lets the first in.
             delay = max((retry_at - now).total_seconds(), 0.0)
@@ -140,9 +181,13 @@ def claim(
         Claim.of(step, worker_id=worker_id, lease_seconds=lease_seconds, keep=True)
         for step in taken.steps()
     ]
+    _count(claims)
+    return Claimed(claims, retry_at, alone and bool(claims))
+
+
+def _count(claims: Sequence[Claim]) -> None:
     if claims:
         counting.add(collections.Counter(f"{counting.CLAIMED}:{c.queue}" for c in claims))
-    return Claimed(claims, retry_at, alone and bool(claims))
 
 
 class Candidate(NamedTuple):
@@ -223,6 +268,8 @@ class _Decision:
     windows: dict[tuple[str, str], Window]
     states: dict[str, LimitState]
     retry_at: datetime | None
+    # The limits that refused a step (counted once the claim is decided).
+    refused_by: set[str]
 
     def book(self, claimed: Sequence[Candidate]) -> None:
         """Spend the rates of the steps actually claimed, and move the turn clocks."""
@@ -295,11 +342,9 @@ def _decide(candidates: Sequence[Candidate], limit: int, now: datetime) -> _Deci
         refused_by.add(refused.limit)
         if refused.until is not None and refused.why in (AT_RATE, HELD):
             retry_at = refused.until if retry_at is None else min(retry_at, refused.until)
-    if refused_by:
-        counting.add({f"{counting.LIMIT_REFUSED}:{name}": 1 for name in refused_by})
     # The tentative spends are dropped: book() spends for the steps actually claimed.
     standing.reset_windows()
-    return _Decision(admitted, standing.windows, standing.states, retry_at)
+    return _Decision(admitted, standing.windows, standing.states, retry_at, refused_by)
 
 
 @dataclass
