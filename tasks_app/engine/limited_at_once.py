@@ -8,6 +8,7 @@ when a rate lets the queue in again.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from tasks_app.db.hot_cursor import hot_cursor
@@ -24,7 +25,7 @@ SELECT {", ".join(f"(r.claimed_step).{name}" for name in STEP_COLUMNS)},
     r.decided, r.lone_named
 FROM tasks_app_claim_limited(
     %(queue)s, %(step)s, %(only_named)s, %(limit)s, %(size)s, %(lease)s, %(worker)s,
-    %(names)s, %(concurrency)s, %(counts)s, %(seconds)s
+    %(numbers)s::jsonb
 ) r
 """  # noqa: S608 (the column names are the models', not input)
 
@@ -51,9 +52,6 @@ def claim(
 ) -> Prefix:
     """Claim up to ``limit`` due steps under limits, reading ``size`` of them, as far as the
     first the limits refuse."""
-    limits = declared()
-    names = sorted(limits)
-    numbers = [configured(limits[name]) for name in names]
     with hot_cursor() as cursor:
         cursor.execute(
             CLAIM_SQL,
@@ -65,10 +63,7 @@ def claim(
                 "size": size,
                 "lease": lease_seconds,
                 "worker": worker_id,
-                "names": names,
-                "concurrency": [n.concurrency for n in numbers],
-                "counts": [n.rate.count if n.rate else None for n in numbers],
-                "seconds": [n.rate.seconds if n.rate else None for n in numbers],
+                "numbers": _numbers(),
             },
             prepare=True,
         )
@@ -81,3 +76,14 @@ def claim(
     ]
     decided, lone = verdict[width:]
     return Prefix(claims, bool(decided), bool(lone) and bool(claims))
+
+
+def _numbers() -> str:
+    """The numbers of every limit this worker declares, with ``TASKS_LIMITS`` applied, as
+    the function reads them: ``{name: [concurrency, rate count, rate seconds]}``."""
+    numbers = {}
+    for name, limit in declared().items():
+        known = configured(limit)
+        rate = known.rate
+        numbers[name] = [known.concurrency, rate and rate.count, rate and rate.seconds]
+    return json.dumps(numbers)

@@ -14,8 +14,7 @@ from django.db import migrations
 FUNCTION = r"""
 CREATE OR REPLACE FUNCTION tasks_app_claim_limited(
     p_queue text, p_step bigint, p_only_named boolean, p_limit integer, p_size integer,
-    p_lease integer, p_worker text, p_names text[], p_concurrency integer[],
-    p_rate_counts bigint[], p_rate_seconds double precision[]
+    p_lease integer, p_worker text, p_numbers jsonb
 ) RETURNS TABLE (
     claimed_step tasks_app_step, claimed_task tasks_app_task, decided boolean,
     lone_named boolean
@@ -31,6 +30,24 @@ AS $$
 DECLARE
     now_ timestamptz;
 BEGIN
+    -- Nothing to weigh: no lock taken (limited_claims.has_due, by the index the candidates
+    -- are read through).
+    PERFORM 1 FROM tasks_app_step s
+    WHERE s.id = p_step AND s.status = 'pending' AND s.limit_turn IS NOT NULL
+      AND s.available_at <= clock_timestamp();
+    IF NOT FOUND THEN
+        IF NOT p_only_named AND p_queue IS NOT NULL THEN
+            PERFORM 1 FROM tasks_app_step s
+            WHERE s.queue = p_queue AND s.status = 'pending' AND s.limit_turn IS NOT NULL
+              AND s.available_at <= clock_timestamp()
+            ORDER BY s.priority DESC, s.limit_turn, s.available_at
+            LIMIT 1;
+        END IF;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT NULL::tasks_app_step, NULL::tasks_app_task, true, false;
+            RETURN;
+        END IF;
+    END IF;
     -- The lock every claim under limits takes first (limited_claims.LOCK), then the clock.
     PERFORM pg_advisory_xact_lock(1610840196);
     now_ := clock_timestamp();
@@ -73,20 +90,21 @@ BEGIN
         CROSS JOIN LATERAL jsonb_array_elements(c.limits) WITH ORDINALITY AS e(v, ord)
     ), numbers AS (
         -- Each limit's numbers in effect (limit_standing.numbers): an operator's live
-        -- change, else the declaration with TASKS_LIMITS as this worker knows it.
+        -- change, else the declaration with TASKS_LIMITS as this worker knows it
+        -- (p_numbers: {name: [concurrency, rate count, rate seconds]}, nulls where none).
         SELECT n.name,
-            CASE WHEN st.overridden THEN true ELSE d.i IS NOT NULL END AS known,
-            CASE WHEN st.overridden THEN st.concurrency ELSE p_concurrency[d.i] END
+            CASE WHEN st.overridden THEN true ELSE d.v IS NOT NULL END AS known,
+            CASE WHEN st.overridden THEN st.concurrency ELSE (d.v->>0)::integer END
                 AS concurrency,
-            CASE WHEN st.overridden THEN r.m[1]::bigint ELSE p_rate_counts[d.i] END
+            CASE WHEN st.overridden THEN r.m[1]::bigint ELSE (d.v->>1)::bigint END
                 AS rate_count,
             CASE WHEN st.overridden
                 THEN COALESCE(NULLIF(r.m[2], ''), '1')::double precision
                     * CASE r.m[3] WHEN 's' THEN 1 WHEN 'm' THEN 60 ELSE 3600 END
-                ELSE p_rate_seconds[d.i] END AS rate_seconds
+                ELSE (d.v->>2)::double precision END AS rate_seconds
         FROM (SELECT DISTINCT x.name FROM entries x) n
         LEFT JOIN tasks_app_limitstate st ON st.name = n.name
-        CROSS JOIN LATERAL (SELECT array_position(p_names, n.name) AS i) d
+        CROSS JOIN LATERAL (SELECT p_numbers->n.name AS v) d
         CROSS JOIN LATERAL (
             SELECT regexp_match(
                 st.rate, '^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*([smh])\s*$'
@@ -224,8 +242,7 @@ $$;
 
 DROP = """
 DROP FUNCTION IF EXISTS tasks_app_claim_limited(
-    text, bigint, boolean, integer, integer, integer, text, text[], integer[], bigint[],
-    double precision[]
+    text, bigint, boolean, integer, integer, integer, text, jsonb
 );
 """
 
