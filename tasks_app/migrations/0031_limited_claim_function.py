@@ -146,14 +146,28 @@ BEGIN
                 FROM generate_series(0, 20) j ORDER BY j
             ) END AS spent
         ) w
+    ), all_fit AS (
+        -- Every candidate fits when each key has room for all of them at once (so, while
+        -- the limits have room, nothing is weighed one by one).
+        SELECT NOT EXISTS (
+            SELECT 1 FROM (
+                SELECT x.name, x.key, count(*) AS slots, sum(x.weight) AS units
+                FROM entries x GROUP BY 1, 2
+            ) t
+            JOIN standing s ON s.name = t.name AND s.key = t.key
+            WHERE NOT s.known OR s.paused OR s.held_until > now_
+               OR s.running + t.slots > s.concurrency OR s.used + t.units > s.rate_count
+        ) AS yes
     ), refused AS (
-        -- Each candidate weighed as if every one before it started (their running slots
-        -- and spends counted in order): the first that does not fit is where this stops.
+        -- Else each candidate weighed as if every one before it started (their running
+        -- slots and spends counted in order): the first that does not fit is where this
+        -- stops.
         SELECT min(w.rn) AS rn FROM (
             SELECT x.rn, s.known, s.paused, s.held_until, s.concurrency, s.running,
                 s.rate_count, s.used,
                 count(*) OVER pair AS slots, sum(x.weight) OVER pair AS units
             FROM entries x JOIN standing s ON s.name = x.name AND s.key = x.key
+            WHERE NOT (SELECT f.yes FROM all_fit f)
             WINDOW pair AS (PARTITION BY x.name, x.key ORDER BY x.rn)
         ) w
         WHERE NOT w.known OR w.paused OR w.held_until > now_
