@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import DatabaseError, connection, transaction
 
 from tasks_app import services
 from tasks_app.engine import limited_at_once, limited_claims
@@ -18,7 +20,7 @@ from tasks_app.engine.limit_standing import SLICES, Window
 from tasks_app.engine.limits import Limit, Rate
 from tasks_app.models import LimitKey, LimitState, Step
 from tasks_app.workflows import StepSpec, Workflow, register, registry
-from tests.conftest import only_step
+from tests.conftest import BrokerView, only_step
 from tests.lease_support import WORKER
 
 AT_ONCE = "test.limited_at_once"
@@ -152,3 +154,42 @@ def test_a_named_step_whose_lease_ran_out_is_claimed_alone() -> None:
     prefix = _claim(5, step=named)
     assert [c.step_id for c in prefix.claims] == [named.pk]
     assert prefix.alone and prefix.decided
+
+
+@pytest.mark.django_db
+def test_a_queue_with_no_step_under_limits_due_takes_no_lock() -> None:
+    """Claims of queues without steps under limits do not wait for the claims that have
+    some: the function looks before it takes the lock."""
+    params = connection.settings_dict
+    dsn = psycopg.conninfo.make_conninfo(
+        dbname=params["NAME"],
+        user=params["USER"],
+        host=params["HOST"],
+        port=params["PORT"],
+    )
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [limited_claims.LOCK])
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '300ms'")
+        assert _claim(3) == limited_at_once.Prefix()
+        # With a step due, the claim waits for the lock (and here gives up).
+        _enqueue("acme")
+        with pytest.raises(DatabaseError, match="lock timeout"), transaction.atomic():
+            _claim(3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_took_steps_does_not_ring_for_the_ones_a_rate_holds(
+    broker: BrokerView,
+) -> None:
+    first, second, third = _enqueue("acme", 2), _enqueue("globex", 2), _enqueue("initech", 3)
+    broker.purge()
+    options: dict[str, Any] = {"queue": "default", "worker_id": WORKER, "lease_seconds": 60}
+    # The function takes two (four units of five), the decision here refuses the third.
+    taken = limited_claims.claim(limit=3, **options)
+    assert [c.step_id for c in taken.claims] == [first.pk, second.pk]
+    assert taken.retry_at is None and broker.step_ids() == []
+    # A claim that takes nothing rings once for when the rate lets the third in.
+    held = limited_claims.claim(limit=3, **options)
+    assert held.claims == [] and held.retry_at is not None
+    assert broker.step_ids() == [third.pk]
