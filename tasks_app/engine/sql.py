@@ -380,14 +380,13 @@ WITH spent AS MATERIALIZED (
 SELECT (SELECT count(*) FROM windows), (SELECT count(*) FROM turns)
 """
 
-# ORM twin: limited_claims.has_due. Read in the index's order (step_limited_due_idx): as a
-# plain EXISTS, its plan scanned the table from the start, past every step a drain had run.
+# ORM twin: limited_claims.has_due. A row when there is one, read in the index's order
+# (step_limited_due_idx): as an EXISTS (which drops an ORDER BY), its plan could scan the
+# table from the start, past every step a drain had run.
 LIMITED_DUE_SQL = """
-SELECT EXISTS (
-    SELECT 1 FROM tasks_app_step s
-    WHERE s.queue = %s AND s.status = 'pending' AND s.limit_turn IS NOT NULL
-      AND s.available_at <= statement_timestamp()
-    ORDER BY s.priority DESC, s.limit_turn, s.available_at
-    LIMIT 1
-)
+SELECT 1 FROM tasks_app_step s
+WHERE s.queue = %s AND s.status = 'pending' AND s.limit_turn IS NOT NULL
+  AND s.available_at <= statement_timestamp()
+ORDER BY s.priority DESC, s.limit_turn, s.available_at
+LIMIT 1
 """
