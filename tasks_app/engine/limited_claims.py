@@ -1,10 +1,10 @@
 """Claims of steps under limits (``tasks_app.engine.limits``), exact across every worker.
 
-Such claims are decided one at a time: on PostgreSQL each takes a transaction-level
-advisory lock first (on SQLite every write transaction is one at a time already), then
-reads the clock, the running steps and the rate windows, so what it sees is what every
-earlier claim committed. A step over a limit stays pending: it is not claimed, spends no
-attempt, and the worker does not spin on it; when a rate is what holds the queue back,
+Such claims are decided one at a time, after a transaction-level advisory lock on PostgreSQL
+(where, while the limits have room, a claim is one database function: ``limited_at_once``)
+and in a write transaction on SQLite, so each reads the running steps and rate windows as
+every earlier claim left them. A step over a limit stays pending: it is not claimed, spends
+no attempt, and the worker does not spin on it; when a rate is what holds the queue back,
 the claim rings once for the time it frees (:attr:`Claimed.retry_at`).
 
 - **concurrency**: the running steps under the same limit and key, counted from the step
