@@ -7,7 +7,7 @@ as the first they refuse, and books their spends and turns as the decision in Py
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -87,6 +87,10 @@ def test_a_batch_the_limits_let_in_is_claimed_and_booked_as_python_books_it() ->
     claimed = Step.objects.get(pk=steps[0].pk)
     assert claimed.status == "running" and claimed.attempts == 1
     assert claimed.started_at is not None
+    # Fenced and leased as every claim is: a raised token, the holder, the lease's end.
+    assert claimed.fencing_token == steps[0].fencing_token + 1 == prefix.claims[0].token
+    assert claimed.lease_worker == WORKER
+    assert claimed.lease_expires_at == claimed.started_at + timedelta(seconds=60)
     expected = Window.at(stored, SENDS, claimed.started_at)
     expected.spend(4)
     assert _window() == expected.stored()
