@@ -2,9 +2,11 @@
 
 The Redis transport (``tasks_app/integrations/broker.py``) reports every read of the queues it sends
 (``BRPOP``, which Redis answers within a second even when no message waits), every
-answer, and every read Redis refused. A node cannot consume when:
+answer, and every read or declaration of a queue Redis refused. A node cannot consume when:
 
-- Redis refused its last read (a replica after a failover, an ACL that forbids it); or
+- Redis refused its last read (a replica after a failover, an ACL that forbids it), or
+  the declaration of a queue (a consumer reconnecting to a replica), and has not served
+  one or accepted one since; or
 - it has a pool process free, yet has sent no read for ``QUIET_SECONDS``, or sent one
   that long ago and heard nothing since (Redis down, hung or out of reach, the consumer
   reconnecting).
@@ -37,7 +39,7 @@ QUIET_SECONDS = 5.0
 class _Reads:
     asked_at: float | None = None
     answered_at: float | None = None
-    # Why Redis refused the last read, until it answers one.
+    # Why Redis refused the last read or declaration, until it serves or accepts one.
     refusal: str | None = None
     # The node's pool processes, once it is ready.
     concurrency: int | None = None
@@ -62,6 +64,11 @@ def answered() -> None:
 
 def refused(exc: BaseException) -> None:
     _reads.refusal = f"{type(exc).__name__}: {exc}"
+
+
+def accepted() -> None:
+    """Redis accepted a queue's declaration: it no longer refuses this node."""
+    _reads.refusal = None
 
 
 def has_room() -> bool:

@@ -19,9 +19,10 @@ event loop, and Celery would stop the whole worker as an unrecoverable error):
   it changes role, ``READONLY``, an ACL that no longer allows it). The consumer drops that
   connection and asks again on a new one ``READ_RETRY_SECONDS`` later, which reaches the
   new primary when the address moved to it.
+- **Its queues' declaration refused** (a reconnecting consumer on a replica, which never
+  gets as far as a read). Reported as a refused read is, at once.
 
-Any other error answer the consumer meets (a queue declared on a read-only replica while
-reconnecting, say) makes Celery reconnect rather than exit
+Any other error answer the consumer meets makes Celery reconnect rather than exit
 (``CELERY_BROKER_CHANNEL_ERROR_RETRY``). The reads, their answers and refusals are
 reported to :mod:`tasks_app.engine.consuming`, which tells whether the node can consume.
 
@@ -190,6 +191,18 @@ class Channel(redis.Channel):
             raise Empty() from exc
         self._read_answered()
         return delivered
+
+    def _queue_bind(self, *args: Any) -> None:
+        # A consumer declares its queues before it reads them, on every reconnection. A
+        # replica (the old primary after a failover, perhaps restarted empty) refuses
+        # that, so the consumer keeps reconnecting without ever sending a read: a refusal
+        # as plain as a refused read, and said as soon.
+        try:
+            super()._queue_bind(*args)  # type: ignore[misc]  # kombu's own, not in its stubs
+        except ResponseError as exc:
+            consuming.refused(exc)
+            raise
+        consuming.accepted()
 
     def _read_answered(self) -> None:
         consuming.answered()

@@ -179,6 +179,25 @@ def test_a_read_refused_by_a_replica_pauses_the_consumer_and_it_reads_again_once
     assert lines(caplog, "Redis lets this worker serve the queues again") == 1
 
 
+def test_a_consumer_a_replica_refuses_its_queues_cannot_consume_at_once_until_they_are_declared(
+    private_redis: PrivateRedis, transport: Connection, a_busy_pool: None
+) -> None:
+    # As a consumer reconnecting after a failover: it declares its queues before any read.
+    # (A busy node: so the refusal is what says so, not a read left unanswered.)
+    with private_redis.read_only():
+        with pytest.raises(redis.exceptions.ReadOnlyError):
+            Consumer(transport, [QUEUE], accept=["json"]).declare()
+        reason = consuming.cannot_consume()
+    assert reason is not None and reason.startswith("Redis refuses to serve its queues")
+    assert "ReadOnlyError" in reason
+
+    # Declared on the next reconnection once Redis accepts writes again, before any read
+    # is sent or answered.
+    with transport.clone() as reconnected:
+        Consumer(reconnected, [QUEUE], accept=["json"]).declare()
+    assert consuming.cannot_consume() is None
+
+
 # --- what the node makes of it ------------------------------------------------------------------
 
 
