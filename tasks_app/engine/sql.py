@@ -356,13 +356,14 @@ def limited_candidates_sql(size: int) -> str:
 
 # ORM twin: limited_claims._Decision.book. The rate windows as the claim spent them and the
 # limits' turn clocks moved on, each row locked in key order first (as enqueue locks them:
-# limit_keys.assign_turns), so neither waits on the other in a circle.
+# limit_keys.assign_turns), so neither waits on the other in a circle. Python's order is
+# the code points' ("C"), whatever collation the database sorts text by.
 LIMITED_BOOK_SQL = """
 WITH spent AS MATERIALIZED (
     SELECT k.id, v.spent FROM tasks_app_limitkey k
     JOIN unnest(%(names)s::text[], %(keys)s::text[], %(windows)s::jsonb[]) AS v(name, key, spent)
       ON k."limit" = v.name AND k.key = v.key
-    ORDER BY k."limit", k.key
+    ORDER BY k."limit" COLLATE "C", k.key COLLATE "C"
     FOR UPDATE OF k
 ), windows AS (
     UPDATE tasks_app_limitkey k SET "window" = spent.spent FROM spent WHERE k.id = spent.id
@@ -371,7 +372,7 @@ WITH spent AS MATERIALIZED (
     SELECT st.name, v.turn FROM tasks_app_limitstate st
     JOIN unnest(%(limits)s::text[], %(turns)s::bigint[]) AS v(name, turn) ON st.name = v.name
     WHERE st.turn < v.turn
-    ORDER BY st.name
+    ORDER BY st.name COLLATE "C"
     FOR UPDATE OF st
 ), turns AS (
     UPDATE tasks_app_limitstate st SET turn = moved.turn FROM moved WHERE st.name = moved.name

@@ -20,9 +20,10 @@ from django.db import connection, transaction
 
 from tasks_app import services
 from tasks_app.db.lock_conflicts import lock_wait
-from tasks_app.engine import fastpath
+from tasks_app.engine import fastpath, limited_claims
+from tasks_app.engine.limit_standing import SLICES, Window
 from tasks_app.engine.sweeper import SweepReport
-from tasks_app.models import EventKind, Step, StepStatus, Task
+from tasks_app.models import EventKind, LimitKey, LimitState, Step, StepStatus, Task
 from tests.conftest import BrokerView, backdate, event_kinds, only_step, worker_thread
 from tests.e2e_support import database_url, wait_for
 from tests.lease_support import claim, fresh
@@ -197,6 +198,49 @@ def test_a_batch_completion_that_loses_a_deadlock_is_tried_again(
         history = event_kinds(Task.objects.get(pk=step.task_id))
         assert history.count(EventKind.SUCCEEDED) == 1
         assert EventKind.STALE_WRITE_REJECTED not in history
+
+
+@contextmanager
+def limit_keys_collated(collation: str) -> Iterator[None]:
+    """The limit keys' column sorted by ``collation`` rather than by code point, as on a
+    database created with a linguistic locale (``en_US.UTF-8``, say)."""
+    alter = "ALTER TABLE tasks_app_limitkey ALTER COLUMN key TYPE varchar(200) COLLATE {}"
+    with connection.cursor() as cursor:
+        cursor.execute(alter.format(f'"{collation}"'))
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(alter.format('"default"'))
+
+
+def test_a_claim_books_limit_keys_in_the_order_enqueue_locks_them_whatever_the_collation() -> None:
+    # Enqueue and a limit's hold lock keys in Python's order (code points): "B" before "a".
+    # A linguistic collation sorts "a" first; a booking that followed it would take "a"
+    # and wait for "B" while an enqueue held "B" and waited for "a".
+    LimitState.objects.create(name="llm")
+    for key in ("B", "a"):
+        LimitKey.objects.create(limit="llm", key=key)
+    window = Window(width=0.1, slice=1, spent=[0] * SLICES + [1])
+    errors: list[BaseException] = []
+    with limit_keys_collated("en-x-icu"), other_session() as other:
+        other.execute("SELECT 1 FROM tasks_app_limitkey WHERE key = 'B' FOR UPDATE")
+        booking = worker_thread(
+            lambda: limited_claims._book_at_once({("llm", "B"): window, ("llm", "a"): window}, {}),
+            errors,
+        )
+        booking.start()
+        wait_for(lambda: _waiting_on_a_lock() >= 1, timeout=20, what="the booking to wait")
+        # The booking waits for "B" holding nothing: "a" is free for the other session.
+        other.execute("SELECT 1 FROM tasks_app_limitkey WHERE key = 'a' FOR UPDATE NOWAIT")
+        other.commit()
+        booking.join(timeout=30)
+    assert not booking.is_alive()
+    assert not errors, errors
+    assert {k.key: k.window for k in LimitKey.objects.all()} == {
+        "B": window.stored(),
+        "a": window.stored(),
+    }
 
 
 def _waiting_on_a_lock() -> int:
