@@ -197,6 +197,14 @@ def test_row_15_a_decision_racing_the_sweepers_expiry(
     request.refresh_from_db()
     approved = answers.count("approve")
     assert approved <= 1, answers
+    expired_by = "a racing sweep"
+    if request.status == ApprovalStatus.PENDING and not approved:
+        # Each sweep found the task held by a decider and left it for the next sweep, as
+        # the sweeper leaves every row someone holds (approvals.deadlines.expire_due):
+        # beat's next sweep, stopped here, is this one.
+        services.sweep()
+        request.refresh_from_db()
+        expired_by = "the next sweep"
     assert request.status == (ApprovalStatus.APPROVED if approved else ApprovalStatus.EXPIRED)
     wait_for_drain([task.pk], cluster)
     task.refresh_from_db()
@@ -207,4 +215,4 @@ def test_row_15_a_decision_racing_the_sweepers_expiry(
     assert_nothing_lost_or_done_twice(
         [task.pk], counting_remotes, dead_as=[EventKind.APPROVAL_EXPIRED]
     )
-    record_property("won", "approval" if approved else "expiry")
+    record_property("won", "approval" if approved else f"expiry, by {expired_by}")
