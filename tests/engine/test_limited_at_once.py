@@ -21,6 +21,7 @@ from tasks_app.engine.limits import Limit, Rate
 from tasks_app.models import LimitKey, LimitState, Step
 from tasks_app.workflows import StepSpec, Workflow, register, registry
 from tests.conftest import BrokerView, only_step
+from tests.e2e_support import database_url
 from tests.lease_support import WORKER
 
 AT_ONCE = "test.limited_at_once"
@@ -164,14 +165,7 @@ def test_a_named_step_whose_lease_ran_out_is_claimed_alone() -> None:
 def test_a_queue_with_no_step_under_limits_due_takes_no_lock() -> None:
     """Claims of queues without steps under limits do not wait for the claims that have
     some: the function looks before it takes the lock."""
-    params = connection.settings_dict
-    dsn = psycopg.conninfo.make_conninfo(
-        dbname=params["NAME"],
-        user=params["USER"],
-        host=params["HOST"],
-        port=params["PORT"],
-    )
-    with psycopg.connect(dsn, autocommit=True) as other:
+    with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", [limited_claims.LOCK])
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL lock_timeout = '300ms'")
