@@ -1,9 +1,9 @@
 """The claim under limits in one round trip (PostgreSQL's fast path): the database function
-``tasks_app_claim_limited`` (migration 0031) takes the claims' lock, admits the due steps in
-claim order up to the first the limits refuse, claims them and books their spends and
-turns. Where it stops short of the batch at a refusal, ``limited_claims.claim`` goes on
-with its own decision, the rules' home, which weighs the steps past the refusal and says
-when a rate lets the queue in again.
+``tasks_app_claim_limited`` (migrations 0031 and 0032) takes the claims' lock, admits the
+due steps in claim order up to the first the limits refuse, claims them and books their
+spends and turns. Where it stops short of the batch at a refusal, ``limited_claims.claim``
+goes on with its own decision, the rules' home, which weighs the steps past the refusal
+and says when a rate lets the queue in again.
 """
 
 from __future__ import annotations

@@ -191,3 +191,35 @@ def test_a_claim_that_took_steps_does_not_ring_for_the_ones_a_rate_holds(
     held = limited_claims.claim(limit=3, **options)
     assert held.claims == [] and held.retry_at is not None
     assert broker.step_ids() == [third.pk]
+
+
+@pytest.mark.django_db
+def test_a_claim_reads_the_steps_it_admitted_by_key_whatever_the_statistics_say() -> None:
+    """Planned while the steps' table was nearly empty (the function keeps one plan a
+    session), the claim still reads the steps it admitted by their keys, not every pending
+    step: a burst after a quiet hour costs each claim the batch, not the backlog."""
+    _enqueue("acme")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_app_step, tasks_app_task")
+    services.enqueue_many(
+        [{"workflow": AT_ONCE, "payload": {"customer": f"c{i}", "cost": 1}} for i in range(2000)]
+    )
+    before = _step_rows_read()
+    prefix = _claim(5)
+    assert len(prefix.claims) == 5
+    # The candidates read in claim order, the five claimed, the running steps counted: a
+    # few rows a step, against 2,001 pending.
+    assert _step_rows_read() - before < 50
+
+
+def _step_rows_read() -> int:
+    """Rows of the steps' table this transaction has read so far, through an index or by
+    a scan of the whole table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(idx_tup_fetch, 0) + seq_tup_read FROM pg_stat_xact_user_tables"
+            " WHERE relname = 'tasks_app_step'"
+        )
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
