@@ -103,16 +103,19 @@ ORDER BY c.id = %(step)s DESC, c.priority DESC, c.available_at, c.id
 # marked running as _CLAIM_SQL marks them, their leases started ``at`` the time the claim
 # judged the limits at (states.start_attempts), and returned with their task rows.
 CLAIM_IDS_SQL = f"""
-WITH picked AS (
-    SELECT s.id FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
-    WHERE s.id = ANY(%(ids)s::bigint[]) AND s.status = 'pending'
+WITH locked AS MATERIALIZED (
+    -- By primary key alone, the status checked on the row as locked, so that no plan
+    -- reads the steps through an index of every pending one (twin: the function's
+    -- "locked", migration 0032, which says why).
+    SELECT s.id, s.status FROM tasks_app_step s JOIN tasks_app_task t ON t.id = s.task_id
+    WHERE s.id = ANY(%(ids)s::bigint[])
     FOR UPDATE OF s, t SKIP LOCKED
 ), claimed AS (
     UPDATE tasks_app_step s
     SET status = 'running', attempts = s.attempts + 1, fencing_token = s.fencing_token + 1,
         lease_expires_at = %(at)s + %(lease)s * interval '1 second',
         lease_worker = %(worker)s, started_at = %(at)s
-    WHERE s.id IN (SELECT id FROM picked)
+    WHERE s.id = ANY(ARRAY(SELECT id FROM locked WHERE status = 'pending'))
     RETURNING {", ".join(f"s.{name}" for name in STEP_COLUMNS)}
 )
 SELECT {_CLAIM_ROWS}

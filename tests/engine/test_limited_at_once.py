@@ -193,22 +193,38 @@ def test_a_claim_that_took_steps_does_not_ring_for_the_ones_a_rate_holds(
     assert broker.step_ids() == [third.pk]
 
 
-@pytest.mark.django_db
-def test_a_claim_reads_the_steps_it_admitted_by_key_whatever_the_statistics_say() -> None:
-    """Planned while the steps' table was nearly empty (the function keeps one plan a
-    session), the claim still reads the steps it admitted by their keys, not every pending
-    step: a burst after a quiet hour costs each claim the batch, not the backlog."""
+def _a_burst_after_a_quiet_hour() -> None:
+    """2,001 steps due, the statistics taken when the steps' table held one."""
     _enqueue("acme")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_app_step, tasks_app_task")
     services.enqueue_many(
         [{"workflow": AT_ONCE, "payload": {"customer": f"c{i}", "cost": 1}} for i in range(2000)]
     )
+
+
+@pytest.mark.django_db
+def test_a_claim_reads_the_steps_it_admitted_by_key_whatever_the_statistics_say() -> None:
+    """Planned while the steps' table was nearly empty (the function keeps one plan a
+    session), the claim still reads the steps it admitted by their keys, not every pending
+    step: a burst after a quiet hour costs each claim the batch, not the backlog."""
+    _a_burst_after_a_quiet_hour()
     before = _step_rows_read()
     prefix = _claim(5)
     assert len(prefix.claims) == 5
     # The candidates read in claim order, the five claimed, the running steps counted: a
     # few rows a step, against 2,001 pending.
+    assert _step_rows_read() - before < 50
+
+
+@pytest.mark.django_db
+def test_the_decision_here_takes_the_steps_it_admitted_by_key_whatever_the_statistics_say() -> None:
+    """The twin of the function's claim (``sql.CLAIM_IDS_SQL``, which the decision in
+    Python claims its admitted steps by) reads them by their keys too."""
+    _a_burst_after_a_quiet_hour()
+    before = _step_rows_read()
+    taken = limited_claims._weigh_and_claim("default", WORKER, 5, 60, None, False)
+    assert len(taken.claims) == 5
     assert _step_rows_read() - before < 50
 
 
